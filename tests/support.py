@@ -1,0 +1,182 @@
+"""Test support: start the real server as a subprocess and talk to it over real sockets."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_DAY = ROOT.parent / "shared" / "data" / "cran-logs" / "2014-05-04.csv.gz"
+_LISTENING = re.compile(r"listening on http://([^:]+):(\d+)")
+
+
+@cache
+def sample_csv() -> bytes:
+    """The real public file of 2014-05-04, uncompressed."""
+    return gzip.decompress(SAMPLE_DAY.read_bytes())
+
+
+@cache
+def sample_lines() -> tuple[bytes, ...]:
+    """The sample day as NDJSON lines (LF-terminated), in file order."""
+    from tiny.cranlog import ndjson_lines
+
+    return tuple(ndjson_lines(SAMPLE_DAY))
+
+
+def batches(lines: tuple[bytes, ...], size: int) -> Iterator[bytes]:
+    """Consecutive bodies of ``size`` lines each."""
+    it = iter(lines)
+    while chunk := list(itertools.islice(it, size)):
+        yield b"".join(chunk)
+
+
+def record(**fields: Any) -> dict[str, Any]:
+    """A valid record, with ``fields`` overriding (a value of ... removes the key)."""
+    base: dict[str, Any] = {
+        "date": "2014-05-04", "time": "00:50:55", "size": 695181, "r_version": "3.0.2", "r_arch": "x86_64",
+        "r_os": "linux-gnu", "package": "caret", "version": "6.0-24", "country": "MX", "ip_id": 1,
+    }
+    base.update(fields)
+    return {k: v for k, v in base.items() if v is not ...}
+
+
+class Response:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Server:
+    """``python app.py`` in a subprocess on 127.0.0.1 and a free port, for one test.
+
+    The port comes from the server's own start-up line (``--port 0``), so tests never race
+    for ports. ``stop()`` sends SIGTERM and returns the exit code; the context manager
+    always leaves no process behind.
+    """
+
+    def __init__(self, data_dir: Path, *args: str, processes: int = 1, env: dict[str, str] | None = None,
+                 port: int = 0) -> None:
+        self.data_dir = data_dir
+        self.args = ["--port", str(port), "--processes", str(processes), "--data-dir", str(data_dir), *args]
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.output: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+        self.port = 0
+
+    def start(self, timeout: float = 15.0) -> Server:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "app.py"), *self.args], cwd=ROOT, env=self.env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )
+        listening = threading.Event()
+
+        def read() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.output.append(line)
+                match = _LISTENING.search(line)
+                if match:
+                    self.port = int(match.group(2))
+                    listening.set()
+
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
+        if not listening.wait(timeout):
+            self.kill()
+            raise RuntimeError("server did not start:\n" + self.log())
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # every worker up: /healthz answers
+            try:
+                if self.request("GET", "/healthz").status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError("server never became healthy:\n" + self.log())
+
+    def log(self) -> str:
+        return "".join(self.output)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+                timeout: float = 30.0) -> Response:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+        finally:
+            conn.close()
+
+    def ingest(self, body: bytes, headers: dict[str, str] | None = None) -> Response:
+        return self.request("POST", "/ingest", body, headers)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(5)
+            self.close()
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.stop()
+            finally:
+                self.kill()
+        self.close()
+
+    def close(self) -> None:
+        """Kill anything left in the server's session and release the output pipe."""
+        if self.proc is None:
+            return
+        try:  # workers are in the server's session: none may outlive the test
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def rows_of(path: Path) -> list[bytes]:
+    """The lines of a day file (each with its LF)."""
+    return path.read_bytes().splitlines(keepends=True)

@@ -1,0 +1,187 @@
+"""The codec: an NDJSON request body in, CRAN-format CSV rows per day and rejects out.
+
+Contract (both implementations keep it, byte for byte; tests/test_codec_differential.py
+holds them equal):
+
+``encode(body: bytes) -> Batch`` where
+
+- ``Batch.days`` maps each record's date (``"YYYY-MM-DD"``) to the CSV rows of that day,
+  in body order, each row LF-terminated, no header;
+- ``Batch.rejects`` lists ``(line_number, reason, raw_line)`` for every invalid line,
+  1-based over the body's physical lines, ``raw_line`` without its LF or CRLF;
+- ``Batch.valid`` and ``Batch.invalid`` count them. Blank lines (only spaces, tabs and
+  CRs) are not records and count in neither.
+
+A line is valid when it is a UTF-8 JSON object whose fields pass :func:`encode_record`'s
+rules (docs in README "Records"). The function never raises for any input bytes.
+
+:data:`encode` is the compiled codec (the ``tiny_codec`` extension, Rust, built from
+rust/tiny_codec by ``make codec``) when it is importable, and the pure-Python
+:func:`encode_reference` otherwise; :data:`CODEC` names the one in use ("rust" or
+"python"). ``TINY_CODEC=python`` forces the reference codec.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from datetime import date as _date
+from typing import Any, NamedTuple
+
+import orjson
+
+from tiny.profiling import profile
+
+COLUMNS = ("date", "time", "size", "r_version", "r_arch", "r_os", "package", "version", "country", "ip_id")
+HEADER = b'"date","time","size","r_version","r_arch","r_os","package","version","country","ip_id"\n'
+STRING_FIELDS = ("r_version", "r_arch", "r_os", "package", "version", "country")
+MAX_STRING = 1024  # characters (code points), not bytes
+
+# Integers keep orjson's range: it decodes -2**63 .. 2**64-1 as int and anything wider as
+# float, which is "not an integer" here, in both codecs.
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}\Z")
+_TIME = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\Z")
+_CONTROL = re.compile(r"[\x00-\x1f]")
+_BLANK = b" \t\r"
+
+
+class Batch(NamedTuple):
+    """What one request body becomes: see the module docstring."""
+
+    days: dict[str, bytes]
+    rejects: list[tuple[int, str, bytes]]
+    valid: int
+    invalid: int
+
+
+class InvalidRecord(ValueError):
+    """A line that is not a valid record; ``reason`` is the short text clients see."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace('"', '""') + '"'
+
+
+def _string(record: dict[str, Any], field: str) -> str:
+    value = record.get(field)
+    if value is None:
+        return "NA"
+    if type(value) is not str:
+        raise InvalidRecord(f"{field}: not a string or null")
+    if len(value) > MAX_STRING:
+        raise InvalidRecord(f"{field}: longer than {MAX_STRING} characters")
+    if _CONTROL.search(value):
+        raise InvalidRecord(f"{field}: control character")
+    return _quote(value)
+
+
+def _integer(record: dict[str, Any], field: str, minimum: int) -> str:
+    value = record.get(field)
+    if value is None:
+        raise InvalidRecord(f"{field}: missing")
+    if type(value) is not int:  # bool is a subclass of int, and 1.0 is a float: both refused
+        raise InvalidRecord(f"{field}: not an integer")
+    if value < minimum:
+        raise InvalidRecord(f"{field}: less than {minimum}")
+    return str(value)
+
+
+def _day(record: dict[str, Any]) -> str:
+    value = record.get("date")
+    if value is None:
+        raise InvalidRecord("date: missing")
+    if type(value) is not str:
+        raise InvalidRecord("date: not a string")
+    if not _DATE.match(value):
+        raise InvalidRecord("date: not a calendar date YYYY-MM-DD")
+    try:
+        _date(int(value[:4]), int(value[5:7]), int(value[8:]))
+    except ValueError:
+        raise InvalidRecord("date: not a calendar date YYYY-MM-DD") from None
+    return value
+
+
+def _time(record: dict[str, Any]) -> str:
+    value = record.get("time")
+    if value is None:
+        raise InvalidRecord("time: missing")
+    if type(value) is not str:
+        raise InvalidRecord("time: not a string")
+    if not _TIME.match(value):
+        raise InvalidRecord("time: not a time of day HH:MM:SS")
+    return value
+
+
+def encode_record(record: Any) -> tuple[str, bytes]:
+    """Validate one decoded JSON value; return its date and its CSV row (LF-terminated).
+
+    Fields are checked in column order and the first failure is reported. Raises
+    :class:`InvalidRecord`.
+    """
+    if type(record) is not dict:
+        raise InvalidRecord("not a JSON object")
+    day = _day(record)
+    fields = [
+        _quote(day),
+        _quote(_time(record)),
+        _integer(record, "size", 0),
+        *(_string(record, name) for name in STRING_FIELDS),
+        _integer(record, "ip_id", 1),
+    ]
+    return day, (",".join(fields) + "\n").encode()
+
+
+def _decode_line(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidRecord("invalid UTF-8") from None
+        raise InvalidRecord("invalid JSON") from None
+
+
+@profile
+def encode_reference(body: bytes) -> Batch:
+    """The readable reference codec: orjson per line, then :func:`encode_record`."""
+    days: dict[str, list[bytes]] = {}
+    rejects: list[tuple[int, str, bytes]] = []
+    valid = 0
+    for number, raw in enumerate(body.split(b"\n"), 1):
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if not raw.strip(_BLANK):
+            continue
+        try:
+            day, row = encode_record(_decode_line(raw))
+        except InvalidRecord as exc:
+            rejects.append((number, exc.reason, raw))
+            continue
+        days.setdefault(day, []).append(row)
+        valid += 1
+    return Batch({day: b"".join(rows) for day, rows in days.items()}, rejects, valid, len(rejects))
+
+
+def _select() -> tuple[str, Callable[[bytes], Batch]]:
+    """Pick the compiled codec unless it is missing or TINY_CODEC=python asks otherwise."""
+    if os.environ.get("TINY_CODEC", "").lower() in ("python", "reference"):
+        return "python", encode_reference
+    try:
+        import tiny_codec  # type: ignore[import-not-found]
+    except ImportError:
+        return "python", encode_reference
+    compiled: Callable[[bytes], tuple[dict[str, bytes], list[tuple[int, str, bytes]], int, int]] = tiny_codec.encode
+
+    def encode_compiled(body: bytes) -> Batch:
+        return Batch(*compiled(body))
+
+    return "rust", encode_compiled
+
+
+CODEC, encode = _select()

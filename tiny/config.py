@@ -1,0 +1,134 @@
+"""Server configuration: one frozen value built once from flags and the environment."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_PREFIX = "TINY_"
+DURABILITIES = ("write", "fsync")
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the server needs to know; validated by :func:`parse`."""
+
+    port: int = 8000
+    address: str = "127.0.0.1"
+    processes: int = 0
+    data_dir: Path = Path("data")
+    durability: str = "write"
+    max_body: int = 64 * 1024**2
+    token: str | None = None
+    max_backlog: int = 256 * 1024**2
+    idle_timeout: float = 60.0
+    body_timeout: float = 60.0
+    drain_timeout: float = 8.0
+
+    def worker_count(self) -> int:
+        """The number of worker processes: ``processes``, or one per core when 0."""
+        return self.processes or (os.cpu_count() or 1)
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte count such as ``67108864``, ``64MiB`` or ``512k``."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"not a size: {text!r}")
+    unit = (match.group(2) or "").lower()[:1]
+    return int(match.group(1)) * _UNITS[unit]
+
+
+def _positive_size(text: str) -> int:
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be greater than 0")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("must be 0-65535")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+# (flag, type, help); the default comes from Config, the environment overrides it.
+_FLAGS: list[tuple[str, object, str]] = [
+    ("port", _port, "TCP port to listen on"),
+    ("address", str, "address to bind"),
+    ("processes", _non_negative_int, "worker processes; 0 = one per core"),
+    ("data_dir", Path, "directory of the daily CSV files and rejects/"),
+    ("durability", str, "acknowledge after write(2) ('write') or after fsync ('fsync')"),
+    ("max_body", _positive_size, "largest request body, compressed and decompressed (bytes, or 64MiB)"),
+    ("token", str, "require 'Authorization: Bearer TOKEN' on every API request; unset = no auth"),
+    ("max_backlog", _positive_size, "unwritten bytes per process before /ingest answers 503"),
+    ("idle_timeout", _seconds, "seconds a connection may idle or take to send its headers"),
+    ("body_timeout", _seconds, "seconds a client may take to send a request body"),
+    ("drain_timeout", _seconds, "seconds SIGTERM waits for requests in flight before exiting"),
+]
+
+
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """An argparse parser whose defaults come from TINY_<FLAG> variables, then Config."""
+    environ = os.environ if environ is None else environ
+    defaults = Config()
+    parser = argparse.ArgumentParser(
+        prog="app.py",
+        description="Tiny Data Server: POST NDJSON CRAN log records, get daily CSV files.",
+        epilog="Every flag can also be set as an environment variable TINY_<FLAG>, e.g. TINY_PORT=8001.",
+    )
+    for name, kind, text in _FLAGS:
+        env_name = ENV_PREFIX + name.upper()
+        default = environ.get(env_name, getattr(defaults, name))
+        shown = "unset" if default is None else default
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=kind,  # type: ignore[arg-type]
+            default=default,
+            choices=DURABILITIES if name == "durability" else None,
+            help=f"{text} (env {env_name}; default {shown})",
+        )
+    return parser
+
+
+def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Build the Config from command-line flags over TINY_* environment variables.
+
+    Environment values go through the same conversion and checks as flags; a bad value
+    exits with argparse's usage error naming the flag.
+    """
+    parser = build_parser(environ)
+    # argparse runs string defaults (our TINY_* values) through the flag's type too,
+    # so a bad environment value fails here exactly like a bad flag.
+    args = parser.parse_args(argv)
+    values = {name: getattr(args, name) for name, _, _ in _FLAGS}
+    if values["durability"] not in DURABILITIES:
+        parser.error(f"argument --durability: must be one of {', '.join(DURABILITIES)}")
+    if values["token"] == "":
+        values["token"] = None
+    return Config(**values)

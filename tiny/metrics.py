@@ -1,0 +1,71 @@
+"""Prometheus metrics, summed over every worker process of one server.
+
+prometheus-client's multiprocess mode: each process writes its values to mmap files in
+``PROMETHEUS_MULTIPROC_DIR``, and a scrape merges all files. The variable must be set
+before prometheus_client is first imported (it picks its value class at import), which is
+why :func:`tiny.workers.serve` sets it and imports this module only afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The server's metrics; one instance per worker process, built after the fork."""
+
+    def __init__(self) -> None:
+        # registry=None: the values live in the multiprocess files, a scrape builds its own
+        # registry (prometheus-client's documented pattern), so nothing is registered here.
+        self.requests = Counter(
+            "tiny_requests", "HTTP requests answered, by handler and status", ["handler", "status"], registry=None
+        )
+        self.records = Counter("tiny_records", "Ingested lines, by result", ["result"], registry=None)
+        self.bytes_in = Counter("tiny_received_bytes", "Request body bytes received on /ingest", registry=None)
+        self.request_seconds = Histogram(
+            "tiny_request_duration_seconds",
+            "Time to answer a request",
+            ["handler"],
+            buckets=_LATENCY_BUCKETS,
+            registry=None,
+        )
+        self.flush_seconds = Histogram(
+            "tiny_flush_duration_seconds",
+            "Time of one group-commit flush to disk",
+            buckets=_LATENCY_BUCKETS,
+            registry=None,
+        )
+        self.flush_bytes = Counter("tiny_flushed_bytes", "Bytes written by flushes", registry=None)
+        self.flush_errors = Counter("tiny_flush_errors", "Flushes the disk refused", registry=None)
+        self.backlog = Gauge(
+            "tiny_backlog_bytes", "Bytes accepted and not yet written", registry=None, multiprocess_mode="livesum"
+        )
+        self.valid = self.records.labels("valid")
+        self.invalid = self.records.labels("invalid")
+
+    def observe_flush(self, seconds: float, nbytes: int, ok: bool) -> None:
+        """Record one sink flush (the sink's ``on_flush`` callback)."""
+        self.flush_seconds.observe(seconds)
+        if ok:
+            self.flush_bytes.inc(nbytes)
+        else:
+            self.flush_errors.inc()
+
+
+def render() -> bytes:
+    """The Prometheus text exposition of every process's metrics, merged."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return generate_latest(registry)
+
+
+def mark_dead(pid: int) -> None:
+    """Drop a dead worker's live gauges (its counters keep counting in the sums)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.mark_process_dead(pid)

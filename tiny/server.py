@@ -1,0 +1,111 @@
+"""One worker process: the Tornado application on a listening socket, and its shutdown.
+
+Shutdown (SIGTERM, SIGINT, or the parent process gone): /healthz turns 503, the socket
+stops accepting, requests in flight finish (up to ``drain_timeout``), the sink writes
+everything it acknowledged or still holds, connections close, and :func:`run_worker`
+returns 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+
+from tornado import web
+from tornado.httpserver import HTTPServer
+
+from tiny import codec
+from tiny.config import Config
+from tiny.handlers import HealthHandler, IngestHandler, MetricsHandler, NotFoundHandler, ServerState, instance_name
+from tiny.metrics import Metrics
+from tiny.sink import DailyFileSink
+
+log = logging.getLogger("tiny.server")
+_PARENT_POLL_SECONDS = 0.5
+
+
+def make_app(config: Config, state: ServerState, metrics: Metrics, sink: DailyFileSink) -> web.Application:
+    """The Tornado application; every handler gets the same four dependencies."""
+    deps = {"config": config, "state": state, "metrics": metrics, "sink": sink}
+    return web.Application(
+        [
+            (r"/ingest", IngestHandler, deps),
+            (r"/healthz", HealthHandler, deps),
+            (r"/metrics", MetricsHandler, deps),
+        ],
+        default_handler_class=NotFoundHandler,
+        default_handler_args=deps,
+    )
+
+
+def run_worker(config: Config, sock: socket.socket, parent_pid: int | None = None) -> int:
+    """Serve on ``sock`` until told to stop; returns the process exit code (0 = clean).
+
+    ``parent_pid``: the supervising parent; when it goes away the worker shuts down
+    instead of serving on as an orphan.
+    """
+    # A write past RLIMIT_FSIZE must fail with EFBIG (-> 503), not kill the worker.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    asyncio.run(_serve(config, sock, parent_pid))
+    return 0
+
+
+async def _serve(config: Config, sock: socket.socket, parent_pid: int | None) -> None:
+    loop = asyncio.get_running_loop()
+    metrics = Metrics()
+    sink = DailyFileSink(
+        config.data_dir,
+        fsync=config.durability == "fsync",
+        max_backlog=config.max_backlog,
+        headers={".csv": codec.HEADER},
+    )
+
+    def on_flush(seconds: float, nbytes: int, ok: bool) -> None:
+        metrics.observe_flush(seconds, nbytes, ok)
+        metrics.backlog.set(sink.backlog)
+
+    sink._on_flush = on_flush
+    state = ServerState(instance=instance_name(sock.getsockname()[1]))
+    server = HTTPServer(
+        make_app(config, state, metrics, sink),
+        max_body_size=config.max_body,
+        idle_connection_timeout=config.idle_timeout,  # also bounds the time to send headers
+        body_timeout=config.body_timeout,
+        xheaders=True,
+    )
+    server.add_sockets([sock])
+
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    watcher = loop.create_task(_watch_parent(parent_pid, stop)) if parent_pid else None
+    log.info("worker %s ready (codec %s)", state.instance, codec.CODEC)
+    await stop.wait()
+
+    started = time.monotonic()
+    state.draining = True
+    server.stop()  # stop accepting; the parent holds its copy of the socket, closed on its own stop
+    deadline = started + config.drain_timeout
+    while state.in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    if state.in_flight:
+        log.warning("%d requests still in flight after %.1f s; closing them", state.in_flight, config.drain_timeout)
+    await sink.close()
+    try:
+        await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
+    except TimeoutError:
+        pass
+    if watcher is not None:
+        watcher.cancel()
+    log.info("worker %s stopped after %.2f s of draining", state.instance, time.monotonic() - started)
+
+
+async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(_PARENT_POLL_SECONDS)
+    log.warning("parent process %d is gone; shutting down", parent_pid)
+    stop.set()
