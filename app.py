@@ -9,9 +9,14 @@ Profile the hot path: kernprof -l app.py --processes 1; python -m line_profiler 
 """
 
 import logging
+import signal
 import sys
 
-from tiny import config, workers
+# Until the server installs its own handlers, SIGTERM means "exit 0 now": nothing has been
+# accepted yet. (As PID 1 in a container, an unhandled SIGTERM would be ignored.)
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+
+from tiny import config, workers  # noqa: E402
 
 
 def main() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -32,8 +33,24 @@ class Config:
     drain_timeout: float = 8.0
 
     def worker_count(self) -> int:
-        """The number of worker processes: ``processes``, or one per core when 0."""
-        return self.processes or (os.cpu_count() or 1)
+        """The number of worker processes: ``processes``, or one per usable core when 0."""
+        return self.processes or usable_cpus()
+
+
+def usable_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """Cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota.
+
+    Inside a container started with ``--cpus 2`` (or compose ``cpus: 2``) this is 2, not
+    the host's core count.
+    """
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cgroup_cpu_max.read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
 
 
 def parse_size(text: str) -> int:
