@@ -47,8 +47,16 @@ def batches(lines: tuple[bytes, ...], size: int) -> Iterator[bytes]:
 def record(**fields: Any) -> dict[str, Any]:
     """A valid record, with ``fields`` overriding (a value of ... removes the key)."""
     base: dict[str, Any] = {
-        "date": "2014-05-04", "time": "00:50:55", "size": 695181, "r_version": "3.0.2", "r_arch": "x86_64",
-        "r_os": "linux-gnu", "package": "caret", "version": "6.0-24", "country": "MX", "ip_id": 1,
+        "date": "2014-05-04",
+        "time": "00:50:55",
+        "size": 695181,
+        "r_version": "3.0.2",
+        "r_arch": "x86_64",
+        "r_os": "linux-gnu",
+        "package": "caret",
+        "version": "6.0-24",
+        "country": "MX",
+        "ip_id": 1,
     }
     base.update(fields)
     return {k: v for k, v in base.items() if v is not ...}
@@ -72,9 +80,11 @@ class Server:
     always leaves no process behind.
     """
 
-    def __init__(self, data_dir: Path, *args: str, processes: int = 1, env: dict[str, str] | None = None,
-                 port: int = 0) -> None:
+    def __init__(
+        self, data_dir: Path, *args: str, processes: int = 1, env: dict[str, str] | None = None, port: int = 0
+    ) -> None:
         self.data_dir = data_dir
+        self.processes = processes
         self.args = ["--port", str(port), "--processes", str(processes), "--data-dir", str(data_dir), *args]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.output: list[str] = []
@@ -83,8 +93,13 @@ class Server:
 
     def start(self, timeout: float = 15.0) -> Server:
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "app.py"), *self.args], cwd=ROOT, env=self.env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            [sys.executable, str(ROOT / "app.py"), *self.args],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
         listening = threading.Event()
 
@@ -103,7 +118,9 @@ class Server:
             self.kill()
             raise RuntimeError("server did not start:\n" + self.log())
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:  # every worker up: /healthz answers
+        while self.log().count(" ready (codec ") < self.processes and time.monotonic() < deadline:
+            time.sleep(0.02)  # every worker has its signal handlers and serves
+        while time.monotonic() < deadline:
             try:
                 if self.request("GET", "/healthz").status == 200:
                     return self
@@ -121,8 +138,14 @@ class Server:
         assert self.proc is not None
         return self.proc.pid
 
-    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
-                timeout: float = 30.0) -> Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> Response:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             conn.request(method, path, body=body, headers=headers or {})

@@ -26,6 +26,7 @@ from tiny.sink import DailyFileSink
 
 log = logging.getLogger("tiny.server")
 _PARENT_POLL_SECONDS = 0.5
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def make_app(config: Config, state: ServerState, metrics: Metrics, sink: DailyFileSink) -> web.Application:
@@ -80,8 +81,9 @@ async def _serve(config: Config, sock: socket.socket, parent_pid: int | None) ->
     server.add_sockets([sock])
 
     stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in _STOP_SIGNALS:
         loop.add_signal_handler(signum, stop.set)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked by the parent across fork
     watcher = loop.create_task(_watch_parent(parent_pid, stop)) if parent_pid else None
     log.info("worker %s ready (codec %s)", state.instance, codec.CODEC)
     await stop.wait()

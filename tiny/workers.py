@@ -30,6 +30,7 @@ from tiny.config import Config
 log = logging.getLogger("tiny.workers")
 _RESTART_BACKOFF_SECONDS = 1.0
 _KILL_GRACE_SECONDS = 2.0
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def bind_sockets(config: Config, count: int) -> list[socket.socket]:
@@ -123,13 +124,18 @@ class _Supervisor:
 
     def _spawn(self, index: int) -> None:
         parent = os.getpid()
+        # Block the stop signals across the fork: the child must not run the parent's
+        # handlers, and it unblocks them only once its event loop handles them
+        # (tiny.server), so a SIGTERM that comes early waits instead of killing it.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         pid = os.fork()
         if pid:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
             self.children[pid] = (index, time.monotonic())
             return
         code = 1
         try:
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM):
+            for signum in (*_STOP_SIGNALS, signal.SIGALRM):
                 signal.signal(signum, signal.SIG_DFL)
             for other, sock in enumerate(self.sockets):
                 if other != index:

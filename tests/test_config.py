@@ -1,0 +1,59 @@
+"""Configuration: flags over TINY_* environment variables over defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tiny import config
+
+
+def test_defaults_match_the_documented_interface() -> None:
+    options = config.parse([], {})
+    assert (options.port, options.address, options.processes) == (8000, "127.0.0.1", 0)
+    assert (options.data_dir, options.durability, options.max_body, options.token) == (
+        Path("data"),
+        "write",
+        64 * 1024**2,
+        None,
+    )
+
+
+def test_environment_sets_every_flag() -> None:
+    env = {
+        "TINY_PORT": "9001",
+        "TINY_ADDRESS": "0.0.0.0",
+        "TINY_PROCESSES": "3",
+        "TINY_DATA_DIR": "/x",
+        "TINY_DURABILITY": "fsync",
+        "TINY_MAX_BODY": "1MiB",
+        "TINY_TOKEN": "t",
+    }
+    options = config.parse([], env)
+    assert (options.port, options.address, options.processes, options.data_dir) == (9001, "0.0.0.0", 3, Path("/x"))
+    assert (options.durability, options.max_body, options.token) == ("fsync", 1024**2, "t")
+
+
+def test_flags_override_the_environment() -> None:
+    assert config.parse(["--port", "9002"], {"TINY_PORT": "9001"}).port == 9002
+
+
+@pytest.mark.parametrize("text,size", [("100", 100), ("64MiB", 64 * 1024**2), ("512k", 512 * 1024), ("1g", 1024**3)])
+def test_sizes_take_binary_units(text: str, size: int) -> None:
+    assert config.parse_size(text) == size
+
+
+@pytest.mark.parametrize("env", [{"TINY_PORT": "http"}, {"TINY_DURABILITY": "never"}, {"TINY_MAX_BODY": "0"}])
+def test_bad_values_stop_at_start_up(env: dict[str, str]) -> None:
+    with pytest.raises(SystemExit):
+        config.parse([], env)
+
+
+def test_zero_processes_means_the_usable_cores() -> None:
+    assert config.parse([], {}).worker_count() == config.usable_cpus() >= 1
+
+
+def test_a_cgroup_cpu_quota_caps_the_cores(tmp_path: Path) -> None:
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert config.usable_cpus(tmp_path / "cpu.max") == min(2, config.usable_cpus())

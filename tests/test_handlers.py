@@ -1,0 +1,259 @@
+"""The HTTP contract of /ingest, /healthz, /metrics: statuses, bodies, headers, files.
+
+One real server per test module where the flags allow it (fast), its own where not.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.support import Server, record, rows_of
+
+LIMIT = 64 * 1024
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with Server(tmp_path_factory.mktemp("http") / "data", "--max-body", str(LIMIT)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with Server(tmp_path_factory.mktemp("auth") / "data", env={"TINY_TOKEN": TOKEN}) as running:
+        yield running
+
+
+def line(**fields: object) -> bytes:
+    return orjson.dumps(record(**fields)) + b"\n"
+
+
+def error(response: object) -> tuple[int, str]:
+    body = response.json()  # type: ignore[attr-defined]
+    assert set(body) == {"error"} and set(body["error"]) == {"status", "message"}
+    assert body["error"]["status"] == response.status  # type: ignore[attr-defined]
+    return body["error"]["status"], body["error"]["message"]
+
+
+def raw_exchange(port: int, data: bytes, read_timeout: float = 5.0) -> bytes:
+    """Send raw bytes, return everything the server sends back before closing or going quiet."""
+    with socket.create_connection(("127.0.0.1", port), timeout=read_timeout) as sock:
+        sock.sendall(data)
+        out = b""
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return out
+
+
+def test_ok_answer_counts_records_and_lists_the_first_ten_errors(server: Server) -> None:
+    body = line() + b"".join(b"bad %d\n" % i for i in range(12)) + b"\n"
+    response = server.ingest(body)
+    assert response.status == 200
+    assert response.headers["content-type"] == "application/json"
+    answer = response.json()
+    assert answer["result"] == {
+        "status": "ok",
+        "stats": {"bytes": len(body), "records": {"valid": 1, "invalid": 12, "total": 13}},
+    }
+    assert answer["errors"] == [{"line": n, "error": "invalid JSON"} for n in range(2, 12)]
+
+
+def test_every_rejected_line_is_in_the_rejects_file(tmp_path: Path) -> None:
+    with Server(tmp_path / "data") as server:
+        body = line() + b"bad one\n" + b'{"date": "\xff\xfe"}\r\n' + line(size=-5)
+        assert server.ingest(body).status == 200
+    files = list((tmp_path / "data" / "rejects").glob("*.ndjson"))
+    assert [f.name for f in files] == [time.strftime("%Y-%m-%d.ndjson", time.gmtime())]
+    entries = [orjson.loads(x) for x in files[0].read_bytes().splitlines()]
+    assert [(e["line"], e["reason"]) for e in entries] == [
+        (2, "invalid JSON"),
+        (3, "invalid UTF-8"),
+        (4, "size: less than 0"),
+    ]
+    assert entries[0]["raw"] == "bad one"
+    assert entries[1]["raw"] == '{"date": "\\xff\\xfe"}' and entries[1]["raw_base64"] == "eyJkYXRlIjogIv/+In0="
+    assert all(e["received"].endswith("Z") for e in entries)
+    assert len(rows_of(tmp_path / "data" / "2014-05-04.csv")) == 2  # header + the valid row
+
+
+def test_empty_body_is_an_empty_ok(server: Server) -> None:
+    response = server.ingest(b"")
+    assert response.status == 200 and response.json()["result"]["stats"]["records"]["total"] == 0
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        None,
+        "application/x-ndjson",
+        "application/jsonl",
+        "application/json; charset=utf-8",
+        "text/plain",
+        "application/x-www-form-urlencoded",
+    ],
+)
+def test_ndjson_like_content_types_are_accepted(server: Server, content_type: str | None) -> None:
+    headers = {"Content-Type": content_type} if content_type else {}
+    assert server.ingest(line(), headers).status == 200
+
+
+def test_other_content_types_get_415(server: Server) -> None:
+    response = server.ingest(line(), {"Content-Type": "multipart/form-data; boundary=x"})
+    assert error(response)[0] == 415
+
+
+def test_unsupported_content_encoding_gets_415(server: Server) -> None:
+    response = server.ingest(line(), {"Content-Encoding": "br"})
+    assert error(response)[0] == 415
+
+
+def test_corrupt_gzip_gets_400(server: Server) -> None:
+    response = server.ingest(b"\x1f\x8b\x08\x00garbage", {"Content-Encoding": "gzip"})
+    assert error(response)[0] == 400
+
+
+def test_truncated_gzip_gets_400(server: Server) -> None:
+    response = server.ingest(gzip.compress(line() * 50)[:-12], {"Content-Encoding": "gzip"})
+    assert error(response)[0] == 400
+
+
+def test_gzip_bomb_gets_413(server: Server) -> None:
+    bomb = gzip.compress(b"\n" * (LIMIT * 200))  # about 50 KB that inflates to 12.5 MB
+    assert len(bomb) < LIMIT
+    response = server.ingest(bomb, {"Content-Encoding": "gzip"})
+    assert error(response)[0] == 413
+
+
+def test_multi_member_gzip_is_read_whole(server: Server) -> None:
+    body = gzip.compress(line(ip_id=7)) + gzip.compress(line(ip_id=8))
+    response = server.ingest(body, {"Content-Encoding": "gzip"})
+    assert response.json()["result"]["stats"]["records"]["valid"] == 2
+
+
+def test_body_over_the_limit_gets_413(server: Server) -> None:
+    response = server.ingest(line() * (LIMIT // len(line()) + 1))
+    assert error(response)[0] == 413
+
+
+def test_declared_content_length_over_the_limit_is_refused_before_the_body_is_sent(server: Server) -> None:
+    head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (LIMIT + 1)
+    answer = raw_exchange(server.port, head)  # no body byte sent at all
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert b'"status":413' in answer
+
+
+def test_chunked_body_over_the_limit_gets_413(server: Server) -> None:
+    chunk = b"x" * 8192
+    head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(LIMIT // len(chunk) + 2)) + b"0\r\n\r\n"
+    answer = raw_exchange(server.port, head + body)
+    assert answer.startswith(b"HTTP/1.1 413 ") and b'"status":413' in answer
+
+
+def test_chunked_body_under_the_limit_is_accepted(server: Server) -> None:
+    data = line() * 3
+    head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    answer = raw_exchange(server.port, head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"valid":3' in answer
+
+
+def test_bad_content_length_gets_400(server: Server) -> None:
+    answer = raw_exchange(server.port, b"POST /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400 ")
+
+
+def test_get_on_ingest_gets_405_with_allow(server: Server) -> None:
+    response = server.request("GET", "/ingest")
+    assert error(response)[0] == 405 and response.headers["allow"] == "POST"
+
+
+def test_unknown_path_gets_json_404(server: Server) -> None:
+    assert error(server.request("GET", "/nope"))[0] == 404
+
+
+def test_healthz_names_the_instance(server: Server) -> None:
+    answer = server.request("GET", "/healthz").json()
+    assert answer["status"] == "ok"
+    assert answer["instance"] == f"{socket.gethostname()}:{server.port}/{answer['pid']}"
+    assert answer["codec"] in ("python", "rust")
+
+
+def test_metrics_are_prometheus_text(server: Server) -> None:
+    response = server.request("GET", "/metrics")
+    assert response.status == 200 and response.headers["content-type"].startswith("text/plain")
+    assert b"# TYPE tiny_requests_total counter" in response.body
+
+
+def test_missing_token_gets_401(locked: Server) -> None:
+    response = locked.ingest(line())
+    assert error(response)[0] == 401 and response.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_wrong_token_gets_401(locked: Server) -> None:
+    assert error(locked.ingest(line(), {"Authorization": "Bearer nope"}))[0] == 401
+
+
+def test_right_token_is_accepted(locked: Server) -> None:
+    assert locked.ingest(line(), {"Authorization": f"Bearer {TOKEN}"}).status == 200
+
+
+def test_healthz_needs_no_token(locked: Server) -> None:
+    assert locked.request("GET", "/healthz").status == 200
+
+
+def test_disk_refusing_the_write_gets_503_and_keeps_nothing_of_the_request(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "2014-05-05.csv").mkdir(parents=True)  # open() of this "file" fails: EISDIR
+    with Server(data) as server:
+        response = server.ingest(line() + line(date="2014-05-05"))
+        status, message = error(response)
+        assert status == 503 and "nothing of this request was kept" in message
+        assert response.headers["retry-after"].isdigit()
+        assert (data / "2014-05-04.csv").read_bytes() == b""  # rolled back, header included
+        assert server.ingest(line()).status == 200  # the server keeps serving other days
+        assert len(rows_of(data / "2014-05-04.csv")) == 2
+
+
+def test_full_backlog_gets_503_with_retry_after(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    fifo = data / "2014-05-04.csv"
+    os.mkfifo(fifo)  # the sink blocks opening it until we read: a disk that stalls
+    with Server(data, "--max-backlog", "1") as server:
+        first: list[int] = []
+        stalled = threading.Thread(target=lambda: first.append(server.ingest(line()).status))
+        stalled.start()
+        time.sleep(0.5)
+        response = server.ingest(line(ip_id=2))
+        assert error(response)[0] == 503 and response.headers["retry-after"] == "1"
+        with open(fifo, "rb") as reader:  # the disk comes back
+            stalled.join(10)
+            written = reader.read()
+        assert first == [200]
+    assert written.endswith(b',"MX",1\n') and written.count(b"\n") == 2
+
+
+def test_durability_fsync_acks_written_rows(tmp_path: Path) -> None:
+    with Server(tmp_path / "data", "--durability", "fsync") as server:
+        assert server.ingest(line()).status == 200
+        assert server.request("GET", "/healthz").json()["durability"] == "fsync"
+    assert len(rows_of(tmp_path / "data" / "2014-05-04.csv")) == 2
+
+
+def test_limits_come_from_the_environment(tmp_path: Path) -> None:
+    with Server(tmp_path / "data", env={"TINY_MAX_BODY": "100"}) as server:
+        assert error(server.ingest(b"x" * 101))[0] == 413
+        assert server.ingest(line()[:100]).status == 200

@@ -1,0 +1,98 @@
+"""The daily-file sink: header once, group commit, all-or-nothing flushes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tiny.sink import BacklogFull, DailyFileSink, SinkError
+
+HEADER = b"h\n"
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def make(tmp_path: Path, **kwargs: object) -> tuple[DailyFileSink, list[tuple[int, bool]]]:
+    flushes: list[tuple[int, bool]] = []
+    sink = DailyFileSink(
+        tmp_path, headers={".csv": HEADER}, on_flush=lambda s, n, ok: flushes.append((n, ok)), **kwargs
+    )  # type: ignore[arg-type]
+    return sink, flushes
+
+
+def test_a_new_csv_file_starts_with_the_header_once(tmp_path: Path) -> None:
+    async def go() -> None:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"1\n"})
+        await sink.append({"d.csv": b"2\n"})
+        await sink.close()
+
+    run(go())
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n"
+
+
+def test_appends_waiting_for_a_flush_go_out_together_in_order(tmp_path: Path) -> None:
+    async def go() -> list[tuple[int, bool]]:
+        sink, flushes = make(tmp_path)
+        waiters = [sink.append({"d.csv": b"%d\n" % i, "rejects/r.ndjson": b"r%d\n" % i}) for i in range(50)]
+        await asyncio.gather(*waiters)
+        await sink.close()
+        return flushes
+
+    flushes = run(go())
+    assert len(flushes) < 50  # the first flush is alone, the 49 others wait and join one flush
+    assert (tmp_path / "d.csv").read_bytes() == HEADER + b"".join(b"%d\n" % i for i in range(50))
+    assert (tmp_path / "rejects" / "r.ndjson").read_bytes() == b"".join(b"r%d\n" % i for i in range(50))
+
+
+def test_a_failed_flush_rolls_back_every_file_it_wrote(tmp_path: Path) -> None:
+    (tmp_path / "b.csv").mkdir()  # sorted after a.csv: a.csv is written, then b.csv fails
+
+    async def go() -> None:
+        sink, flushes = make(tmp_path)
+        await sink.append({"a.csv": b"kept\n"})
+        with pytest.raises(SinkError):
+            await sink.append({"a.csv": b"lost\n", "b.csv": b"x\n"})
+        await sink.close()
+        assert flushes[-1][1] is False
+
+    run(go())
+    assert (tmp_path / "a.csv").read_bytes() == b"h\nkept\n"
+
+
+def test_backlog_over_the_limit_refuses_at_once(tmp_path: Path) -> None:
+    async def go() -> None:
+        sink, _ = make(tmp_path, max_backlog=10)
+        first = sink.append({"a.csv": b"123456\n"})
+        with pytest.raises(BacklogFull):
+            sink.append({"a.csv": b"789012\n"})
+        await first
+        assert sink.backlog == 0
+        await sink.close()
+
+    run(go())
+    assert (tmp_path / "a.csv").read_bytes() == b"h\n123456\n"
+
+
+def test_a_single_append_larger_than_the_backlog_limit_is_taken_when_idle(tmp_path: Path) -> None:
+    async def go() -> None:
+        sink, _ = make(tmp_path, max_backlog=2)
+        await sink.append({"a.csv": b"big row\n"})
+        await sink.close()
+
+    run(go())
+    assert (tmp_path / "a.csv").read_bytes() == b"h\nbig row\n"
+
+
+def test_fsync_mode_writes_the_same_bytes(tmp_path: Path) -> None:
+    async def go() -> None:
+        sink, _ = make(tmp_path, fsync=True)
+        await sink.append({"new/a.csv": b"1\n"})
+        await sink.close()
+
+    run(go())
+    assert (tmp_path / "new" / "a.csv").read_bytes() == b"h\n1\n"
