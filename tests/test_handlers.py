@@ -5,8 +5,8 @@ One real server per test module where the flags allow it (fast), its own where n
 
 from __future__ import annotations
 
+import fcntl
 import gzip
-import os
 import socket
 import threading
 import time
@@ -36,6 +36,10 @@ def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def line(**fields: object) -> bytes:
     return orjson.dumps(record(**fields)) + b"\n"
+
+
+def line_row(ip_id: int) -> bytes:
+    return b'"2014-05-04","00:50:55",695181,"3.0.2","x86_64","linux-gnu","caret","6.0-24","MX",%d\n' % ip_id
 
 
 def error(response: object) -> tuple[int, str]:
@@ -230,20 +234,20 @@ def test_disk_refusing_the_write_gets_503_and_keeps_nothing_of_the_request(tmp_p
 def test_full_backlog_gets_503_with_retry_after(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    fifo = data / "2014-05-04.csv"
-    os.mkfifo(fifo)  # the sink blocks opening it until we read: a disk that stalls
-    with Server(data, "--max-backlog", "1") as server:
+    day = data / "2014-05-04.csv"
+    with Server(data, "--max-backlog", "1") as server, open(day, "ab") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # another writer holds the file: the sink waits
         first: list[int] = []
         stalled = threading.Thread(target=lambda: first.append(server.ingest(line()).status))
         stalled.start()
         time.sleep(0.5)
+        assert first == []  # not acknowledged while not written
         response = server.ingest(line(ip_id=2))
         assert error(response)[0] == 503 and response.headers["retry-after"] == "1"
-        with open(fifo, "rb") as reader:  # the disk comes back
-            stalled.join(10)
-            written = reader.read()
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        stalled.join(10)
         assert first == [200]
-    assert written.endswith(b',"MX",1\n') and written.count(b"\n") == 2
+    assert rows_of(day)[1:] == [line_row(1)]
 
 
 def test_durability_fsync_acks_written_rows(tmp_path: Path) -> None:

@@ -96,3 +96,27 @@ def test_fsync_mode_writes_the_same_bytes(tmp_path: Path) -> None:
 
     run(go())
     assert (tmp_path / "new" / "a.csv").read_bytes() == b"h\n1\n"
+
+
+def test_a_partial_last_line_left_by_a_killed_writer_is_cut_before_appending(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_bytes(b"h\n1\n2\npartial row")
+
+    async def go() -> None:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"3\n"})
+        await sink.close()
+
+    run(go())
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n3\n"
+
+
+def test_a_file_that_is_one_partial_line_is_emptied_and_gets_its_header(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_bytes(b"no newline at all" * 10000)
+
+    async def go() -> None:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"1\n"})
+        await sink.close()
+
+    run(go())
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"

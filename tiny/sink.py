@@ -11,6 +11,8 @@ Locking and ack rules, which hold across every process and container sharing DAT
 - Each flush writes each file it touches with ONE ``write(2)`` on an ``O_APPEND`` descriptor,
   under an exclusive ``flock``. Every writer takes the lock, so rows of different writers
   never interleave, and the "is the file empty, then write the header" check is race-free.
+- A file that does not end in LF was left by a writer killed inside its write(2); the
+  next writer cuts that partial, never-acknowledged line before appending.
 - Locks are taken in sorted path order, so two flushes that touch the same files can never
   deadlock, and all locks of a flush are held until it is done: if any write fails (disk
   full, EFBIG, EIO), every file of the flush is truncated back to its size before the flush,
@@ -55,6 +57,28 @@ def _write_fully(fd: int, data: bytes) -> None:
         if written == 0:  # pragma: no cover - write(2) returns 0 only for empty buffers
             raise OSError(errno.EIO, "write returned 0")
         view = view[written:]
+
+
+def _repair_torn_tail(fd: int, size: int, path: Path) -> int:
+    """Cut a partial last line (a writer killed inside write(2)); returns the new size.
+
+    Called under the file's lock. A partial line was never acknowledged (acks follow the
+    whole write), so dropping it loses nothing and keeps every line whole.
+    """
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        block = os.pread(fd, end - start, start)
+        cut = block.rfind(b"\n")
+        if cut >= 0:
+            end = start + cut + 1
+            break
+        end = start
+    log.warning("%s ended in a partial line: cut %d bytes a killed writer left", path, size - end)
+    os.ftruncate(fd, end)
+    return end
 
 
 class DailyFileSink:
@@ -148,13 +172,14 @@ class DailyFileSink:
             for name in sorted(pending):  # sorted: one lock order for every process
                 path = self.data_dir / name
                 path.parent.mkdir(parents=True, exist_ok=True)  # one stat when it exists
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)  # RDWR: tail check
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX)
                     size = os.fstat(fd).st_size
                 except BaseException:
                     os.close(fd)
                     raise
+                size = _repair_torn_tail(fd, size, path)
                 opened.append((fd, size))
                 data = b"".join(pending[name])
                 if size == 0:
