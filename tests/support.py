@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,7 @@ class Server:
         self.args = ["--port", str(port), "--processes", str(processes), "--data-dir", str(data_dir), *args]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.output: list[str] = []
+        self.preexec: Callable[[], None] | None = None  # runs in the child before exec
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
 
@@ -100,6 +101,7 @@ class Server:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            preexec_fn=self.preexec,
         )
         listening = threading.Event()
 
@@ -203,3 +205,88 @@ class Server:
 def rows_of(path: Path) -> list[bytes]:
     """The lines of a day file (each with its LF)."""
     return path.read_bytes().splitlines(keepends=True)
+
+
+class TaggedLoad:
+    """Client threads posting batches whose rows are unique and traceable, until stopped.
+
+    Keeps every acknowledged batch (its NDJSON lines), the statuses seen and the requests
+    that got no answer, so a test can check the day file against what was acked.
+    """
+
+    def __init__(self, server: Server, clients: int = 8, size: int = 200) -> None:
+        self.server = server
+        self.clients = clients
+        self.size = size
+        self.acked: list[list[bytes]] = []
+        self.statuses: dict[str, int] = {}
+        self.sent = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(n,), daemon=True) for n in range(clients)]
+        self._lock = threading.Lock()
+
+    def batch(self, client: int, number: int) -> list[bytes]:
+        tag = f"c{client}b{number}"
+        return [json.dumps(record(ip_id=client * 10**7 + number * 10**3 + i + 1, package=tag)).encode()
+                for i in range(self.size)]
+
+    def _client(self, client: int) -> None:
+        number = 0
+        conn: http.client.HTTPConnection | None = None
+        while not self._stop.is_set():
+            lines = self.batch(client, number)
+            number += 1
+            try:
+                conn = conn or http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=30)
+                conn.request("POST", "/ingest", b"\n".join(lines))
+                response = conn.getresponse()
+                response.read()
+                status = str(response.status)
+            except (OSError, http.client.HTTPException):
+                status = "no answer"
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(0.01)
+            with self._lock:
+                self.sent += 1
+                self.statuses[status] = self.statuses.get(status, 0) + 1
+                if status == "200":
+                    self.acked.append(lines)
+        if conn is not None:
+            conn.close()
+
+    def start(self) -> TaggedLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def check_day_file(self, path: Path) -> dict[str, int]:
+        """Assert the day file holds every acked row once, each batch whole and in order,
+        and no torn line; return the counts for the figures."""
+        from tiny.codec import HEADER, encode_reference
+        from tiny.cranlog import parse_row
+
+        lines = path.read_bytes().split(b"\n")
+        assert lines[-1] == b"", "the file does not end with LF"
+        rows = lines[1:-1]
+        assert lines[0] + b"\n" == HEADER and HEADER.rstrip(b"\n") not in rows
+        for row in rows:
+            parse_row(row.decode())  # raises on a torn or interleaved line
+        position = {row: i for i, row in enumerate(rows)}
+        assert len(position) == len(rows), "a row is on disk twice"
+        lost = 0
+        for batch in self.acked:
+            expected = encode_reference(b"\n".join(batch)).days["2014-05-04"].rstrip(b"\n").split(b"\n")
+            places = [position.get(row) for row in expected]
+            if None in places:
+                lost += sum(p is None for p in places)
+                continue
+            assert places == list(range(places[0], places[0] + len(places))), "a batch is not contiguous"
+        assert lost == 0, f"{lost} acknowledged rows are missing"
+        return {"rows_on_disk": len(rows), "acked_rows": len(self.acked) * self.size, "lost": lost, "torn": 0}

@@ -1,0 +1,220 @@
+"""Faults under load: killed workers and parents, full disks, slow clients, hostile paths.
+
+Every run is bounded (TINY_RELIABILITY_SCALE stretches them for `make reliability`) and
+records its figures for docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.conftest import SCALE
+from tests.support import Server, TaggedLoad, record
+from tests.test_workers import alive, wait_for, worker_pids
+
+
+def test_kill9_of_a_worker_under_load_loses_no_acked_row(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """kill -9 of one of 2 forked workers while 8 clients post 200-record batches."""
+    with Server(tmp_path / "data", processes=2) as server:
+        load = TaggedLoad(server, clients=8).start()
+        time.sleep(1.0 * SCALE)
+        victim = min(worker_pids(server))
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        assert wait_for(lambda: victim not in worker_pids(server) and len(worker_pids(server)) == 2, 3.0)
+        restarted = time.monotonic() - killed
+        time.sleep(1.5 * SCALE)
+        load.stop()
+    counts = load.check_day_file(tmp_path / "data" / "2014-05-04.csv")
+    figures.update(case="kill -9 of one worker (2 workers, 8 clients)", requests=load.sent,
+                   statuses=load.statuses, restart_seconds=round(restarted, 3), **counts)
+    assert restarted < 1.0
+    assert load.statuses.get("200", 0) > 0
+
+
+def test_sigterm_under_load_exits_zero_in_time(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """SIGTERM of the whole server while 8 clients post."""
+    server = Server(tmp_path / "data", processes=2).start()
+    load = TaggedLoad(server, clients=8).start()
+    try:
+        time.sleep(1.5 * SCALE)
+        started = time.monotonic()
+        code = server.stop(signal.SIGTERM)
+        took = time.monotonic() - started
+    finally:
+        load.stop()
+        server.kill()
+        server.close()
+    counts = load.check_day_file(tmp_path / "data" / "2014-05-04.csv")
+    figures.update(case="SIGTERM under load (2 workers, 8 clients)", requests=load.sent, statuses=load.statuses,
+                   exit_code=code, stop_seconds=round(took, 3), **counts)
+    assert code == 0 and took < 10
+
+
+def test_kill9_of_the_parent_leaves_no_orphan_and_the_port_restarts(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """kill -9 of the parent while 4 clients post; then a new server on the same port."""
+    server = Server(tmp_path / "data", processes=2).start()
+    load = TaggedLoad(server, clients=4).start()
+    try:
+        time.sleep(1.0 * SCALE)
+        workers, port = worker_pids(server), server.port
+        os.kill(server.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert wait_for(lambda: not any(alive(pid) for pid in workers), 5.0), "orphaned workers kept serving"
+        gone = time.monotonic() - killed
+    finally:
+        load.stop()
+        server.kill()
+        server.close()
+    counts = load.check_day_file(tmp_path / "data" / "2014-05-04.csv")
+    with Server(tmp_path / "data", processes=2, port=port) as again:
+        restarted_ok = again.ingest(orjson.dumps(record())).status == 200
+    figures.update(case="kill -9 of the parent (2 workers, 4 clients)", requests=load.sent, statuses=load.statuses,
+                   orphans_gone_seconds=round(gone, 3), same_port_restart=restarted_ok, **counts)
+    assert restarted_ok
+
+
+def _limit_file_size(limit: int) -> None:
+    # soft limit only: the test may lift it again without privileges
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+
+def _post_until_refused(server: Server, load: TaggedLoad, attempts: int) -> dict[str, int]:
+    statuses: dict[str, int] = {}
+    for number in range(attempts):
+        response = server.ingest(b"\n".join(load.batch(0, number)))
+        statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
+        if response.status == 200:
+            load.acked.append(load.batch(0, number))
+        else:
+            assert response.status == 503, response.body
+            assert "disk refused" in response.json()["error"]["message"]
+            assert response.headers["retry-after"].isdigit()
+    return statuses
+
+
+def test_file_size_limit_gets_503_keeps_lines_whole_and_recovers(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """RLIMIT_FSIZE of 100 KB on the server: writes past it fail with EFBIG."""
+    limit = 100_000
+    server = Server(tmp_path / "data")
+    server.preexec = lambda: _limit_file_size(limit)  # type: ignore[attr-defined]
+    with server:
+        load = TaggedLoad(server, size=100)
+        statuses = _post_until_refused(server, load, 15)
+        day = tmp_path / "data" / "2014-05-04.csv"
+        assert day.stat().st_size <= limit
+        counts = load.check_day_file(day)
+        assert server.request("GET", "/healthz").status == 200  # still running
+        resource.prlimit(server.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        recovered = server.ingest(b"\n".join(load.batch(1, 0)))
+        assert recovered.status == 200
+        load.acked.append(load.batch(1, 0))
+        counts = load.check_day_file(day)
+    figures.update(case="file size limit (RLIMIT_FSIZE 100 KB, 100-record batches)", statuses=statuses,
+                   accepted_after_limit_lifted=True, **counts)
+    assert statuses.get("503", 0) > 0 and statuses.get("200", 0) > 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_full_tmpfs_gets_503_and_accepts_again_when_space_is_back(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """DATA_DIR on a 256 KB tmpfs: ENOSPC, then the tmpfs is grown."""
+    data = tmp_path / "data"
+    data.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tinytest", str(data)], check=True)
+    try:
+        with Server(data) as server:
+            load = TaggedLoad(server, size=100)
+            statuses = _post_until_refused(server, load, 40)
+            day = data / "2014-05-04.csv"
+            counts = load.check_day_file(day)
+            subprocess.run(["mount", "-o", "remount,size=4m", str(data)], check=True)
+            assert server.ingest(b"\n".join(load.batch(1, 0))).status == 200
+            load.acked.append(load.batch(1, 0))
+            counts = load.check_day_file(day)
+    finally:
+        subprocess.run(["umount", "-l", str(data)], check=False)
+    figures.update(case="disk full (tmpfs 256 KB, 100-record batches)", statuses=statuses,
+                   accepted_after_space_back=True, **counts)
+    assert statuses.get("503", 0) > 0
+
+
+def _slow_client(port: int, payload: bytes, pause: float, until: float) -> tuple[bool, float]:
+    """Send ``payload`` a byte at a time; return (closed by the server, seconds until then)."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=until) as sock:
+        try:
+            for byte in payload:
+                sock.sendall(bytes([byte]))
+                time.sleep(pause)
+                if time.monotonic() - started > until:
+                    return False, time.monotonic() - started
+            sock.settimeout(until)
+            closed = sock.recv(1024) == b""
+        except (ConnectionResetError, BrokenPipeError):
+            closed = True
+        return closed, time.monotonic() - started
+
+
+def test_slow_and_idle_clients_are_cut_off_while_fast_ones_are_served(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """slowloris headers, a body trickling byte by byte, 200 idle connections; timeouts of 1 s."""
+    with Server(tmp_path / "data", "--idle-timeout", "1", "--body-timeout", "1") as server:
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(200)]
+        results: dict[str, tuple[bool, float]] = {}
+        head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
+        body = orjson.dumps(record()) * 5
+        trickle_head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+        threads = [
+            threading.Thread(target=lambda: results.__setitem__("headers", _slow_client(server.port, head, 0.05, 10))),
+            threading.Thread(target=lambda: results.__setitem__(
+                "body", _slow_client(server.port, trickle_head + body, 0.05, 10))),
+        ]
+        for thread in threads:
+            thread.start()
+        latencies = []
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            assert server.ingest(orjson.dumps(record())).status == 200
+            latencies.append(time.monotonic() - started)
+        for thread in threads:
+            thread.join(15)
+        time.sleep(0.5)
+        idle_closed = 0
+        for sock in idle:
+            sock.settimeout(2)
+            try:
+                idle_closed += sock.recv(1) == b""
+            except (TimeoutError, ConnectionResetError):
+                pass
+            sock.close()
+    latencies.sort()
+    figures.update(case="slow headers, trickled body, 200 idle connections (timeouts 1 s)",
+                   slow_headers_cut_after_s=round(results["headers"][1], 2),
+                   trickled_body_cut_after_s=round(results["body"][1], 2), idle_closed=idle_closed,
+                   fast_requests=len(latencies), fast_p99_ms=round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1))
+    assert results["headers"][0] and results["headers"][1] < 3
+    assert results["body"][0] and results["body"][1] < 4
+    assert idle_closed == 200
+    assert latencies[-1] < 1.0
+
+
+@pytest.mark.parametrize("date", ["../../../tmp/escape", "/etc/passwd", "2014-05-04/../../x", "2014-05-04\x00",
+                                  "..", "2014-05-04.csv", " 2014-05-04"])
+def test_a_date_can_never_name_a_file_outside_the_data_dir(tmp_path: Path, date: str) -> None:
+    data = tmp_path / "a" / "data"
+    with Server(data) as server:
+        answer = server.ingest(orjson.dumps(record(date=date))).json()
+        assert answer["result"]["stats"]["records"]["invalid"] == 1
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert all(p.startswith("a/data/rejects/") for p in written), written
