@@ -8,7 +8,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS   ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help run test check sysdeps venv clean
+.PHONY: help run test check sysdeps venv clean fuzz reliability
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -37,5 +37,19 @@ check: venv ## ruff and mypy
 test: venv sysdeps check ## the whole test suite (real servers on 127.0.0.1)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+fuzz: venv ## a longer fuzz run of the codec and of /ingest over HTTP (TINY_FUZZ_EXAMPLES, default 20000)
+	TINY_FUZZ_EXAMPLES=$${TINY_FUZZ_EXAMPLES:-20000} $(BIN)/python -m pytest -q \
+	  tests/test_fuzz_http.py tests/test_codec_properties.py $(wildcard tests/test_codec_differential.py)
+
+RELIABILITY_TESTS := tests/test_faults.py tests/test_fuzz_http.py tests/test_codec_properties.py
+reliability: venv sysdeps ## longer fault runs under load; writes docs/reliability.md from the figures
+	mkdir -p build && rm -f build/figures.jsonl
+	TINY_FIGURES_FILE=build/figures.jsonl TINY_RELIABILITY_SCALE=$${TINY_RELIABILITY_SCALE:-4} \
+	  TINY_FUZZ_EXAMPLES=$${TINY_FUZZ_EXAMPLES:-3000} $(BIN)/python -m pytest -q $(RELIABILITY_TESTS) \
+	  $(wildcard tests/test_cluster.py)
+	$(BIN)/python tests/reliability_report.py build/figures.jsonl docs/reliability.md
+
 clean: ## remove .venv, build output and caches (keeps ./data)
 	rm -rf $(VENV) build var .pytest_cache .ruff_cache .mypy_cache .hypothesis
+
+-include mk/*.mk

@@ -227,8 +227,10 @@ class TaggedLoad:
 
     def batch(self, client: int, number: int) -> list[bytes]:
         tag = f"c{client}b{number}"
-        return [json.dumps(record(ip_id=client * 10**7 + number * 10**3 + i + 1, package=tag)).encode()
-                for i in range(self.size)]
+        return [
+            json.dumps(record(ip_id=client * 10**7 + number * 10**3 + i + 1, package=tag)).encode()
+            for i in range(self.size)
+        ]
 
     def _client(self, client: int) -> None:
         number = 0
@@ -289,4 +291,11 @@ class TaggedLoad:
                 continue
             assert places == list(range(places[0], places[0] + len(places))), "a batch is not contiguous"
         assert lost == 0, f"{lost} acknowledged rows are missing"
-        return {"rows_on_disk": len(rows), "acked_rows": len(self.acked) * self.size, "lost": lost, "torn": 0}
+        acked_rows = len(self.acked) * self.size
+        return {
+            "rows_on_disk": len(rows),
+            "acked_rows": acked_rows,
+            "unacked_rows_on_disk": len(rows) - acked_rows,
+            "lost": lost,
+            "torn": 0,
+        }

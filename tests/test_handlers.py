@@ -261,3 +261,18 @@ def test_limits_come_from_the_environment(tmp_path: Path) -> None:
     with Server(tmp_path / "data", env={"TINY_MAX_BODY": "100"}) as server:
         assert error(server.ingest(b"x" * 101))[0] == 413
         assert server.ingest(line()[:100]).status == 200
+
+
+def test_huge_headers_get_431(server: Server) -> None:
+    response = server.request("POST", "/ingest", line(), {"X-Big": "a" * 70_000})
+    assert error(response)[0] == 431
+
+
+def test_too_many_headers_get_431(server: Server) -> None:
+    headers = {f"X-H{i}": "v" for i in range(150)}
+    assert error(server.request("GET", "/healthz", headers=headers))[0] == 431
+
+
+def test_headers_past_the_read_limit_close_the_connection_unanswered(server: Server) -> None:
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1024 * 1024 + 10) + b"\r\n\r\n"
+    assert raw_exchange(server.port, head) == b""

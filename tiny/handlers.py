@@ -27,6 +27,11 @@ from tiny.sink import BacklogFull, DailyFileSink, SinkError
 log = logging.getLogger("tiny.handlers")
 
 MAX_ERRORS = 10  # per-line errors listed in a 200 answer; all of them go to rejects/
+# Header limits, answered with a JSON 431. Tornado itself reads up to HEADER_READ_LIMIT and
+# closes the connection without an answer past it (tiny.server), which bounds the memory.
+MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADERS = 100
+HEADER_READ_LIMIT = 1024 * 1024
 NDJSON_TYPES = frozenset(
     {
         "application/x-ndjson",
@@ -80,6 +85,17 @@ class JSONHandler(web.RequestHandler):
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json")
+
+    def prepare(self) -> None:
+        self.check_headers()
+
+    def check_headers(self) -> None:
+        """431 for more than MAX_HEADERS headers or MAX_HEADER_BYTES of them."""
+        headers = list(self.request.headers.get_all())
+        if len(headers) > MAX_HEADERS:
+            raise APIError(431, f"more than {MAX_HEADERS} request headers")
+        if sum(len(name) + len(value) + 4 for name, value in headers) > MAX_HEADER_BYTES:
+            raise APIError(431, f"request headers larger than {MAX_HEADER_BYTES} bytes")
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message = kwargs.get("message")
@@ -173,6 +189,7 @@ class IngestHandler(JSONHandler):
     def prepare(self) -> None:
         self.state.in_flight += 1
         self._counted = True
+        self.check_headers()
         if self.request.method != "POST":
             raise APIError(405, "use POST to send records")
         if self.state.draining:
@@ -307,4 +324,5 @@ class NotFoundHandler(JSONHandler):
     """Any other path: 404 in the JSON error shape."""
 
     def prepare(self) -> None:
+        self.check_headers()
         raise APIError(404, f"no such endpoint: {self.request.path}")

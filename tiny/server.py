@@ -20,7 +20,15 @@ from tornado.httpserver import HTTPServer
 
 from tiny import codec
 from tiny.config import Config
-from tiny.handlers import HealthHandler, IngestHandler, MetricsHandler, NotFoundHandler, ServerState, instance_name
+from tiny.handlers import (
+    HEADER_READ_LIMIT,
+    HealthHandler,
+    IngestHandler,
+    MetricsHandler,
+    NotFoundHandler,
+    ServerState,
+    instance_name,
+)
 from tiny.metrics import Metrics
 from tiny.sink import DailyFileSink
 
@@ -76,6 +84,7 @@ async def _serve(config: Config, sock: socket.socket, parent_pid: int | None) ->
         max_body_size=config.max_body,
         idle_connection_timeout=config.idle_timeout,  # also bounds the time to send headers
         body_timeout=config.body_timeout,
+        max_header_size=HEADER_READ_LIMIT,
         xheaders=True,
     )
     server.add_sockets([sock])
