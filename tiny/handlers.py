@@ -125,9 +125,7 @@ class JSONHandler(web.RequestHandler):
             super().log_exception(typ, value, tb)
 
     def on_finish(self) -> None:
-        status = self.get_status()
-        self.metrics.requests.labels(self.name, str(status)).inc()
-        self.metrics.request_seconds.labels(self.name).observe(self.request.request_time())
+        self.metrics.observe_request(self.name, self.get_status(), self.request.request_time())
 
     def check_token(self) -> None:
         """401 unless the request carries ``Authorization: Bearer <token>`` (when one is set)."""

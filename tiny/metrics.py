@@ -46,8 +46,19 @@ class Metrics:
         self.backlog = Gauge(
             "tiny_backlog_bytes", "Bytes accepted and not yet written", registry=None, multiprocess_mode="livesum"
         )
+        self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self.valid = self.records.labels("valid")
         self.invalid = self.records.labels("invalid")
+
+    def observe_request(self, handler: str, status: int, seconds: float) -> None:
+        """Count one answered request and its latency."""
+        # .labels() hashes and locks on every call; the hot path reuses the children.
+        children = self._children.get((handler, status))
+        if children is None:
+            children = (self.requests.labels(handler, str(status)), self.request_seconds.labels(handler))
+            self._children[(handler, status)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def observe_flush(self, seconds: float, nbytes: int, ok: bool) -> None:
         """Record one sink flush (the sink's ``on_flush`` callback)."""

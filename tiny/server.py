@@ -85,7 +85,6 @@ async def _serve(config: Config, sock: socket.socket, parent_pid: int | None) ->
         idle_connection_timeout=config.idle_timeout,  # also bounds the time to send headers
         body_timeout=config.body_timeout,
         max_header_size=HEADER_READ_LIMIT,
-        xheaders=True,
     )
     server.add_sockets([sock])
 
