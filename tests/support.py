@@ -86,7 +86,9 @@ class Server:
         self.data_dir = data_dir
         self.processes = processes
         self.args = ["--port", str(port), "--processes", str(processes), "--data-dir", str(data_dir), *args]
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        scratch = data_dir.parent / "tmp"  # the metrics dir a kill -9'd server cannot remove lands here
+        scratch.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(scratch), **(env or {})}
         self.output: list[str] = []
         self.preexec: Callable[[], None] | None = None  # runs in the child before exec
         self.proc: subprocess.Popen[str] | None = None
