@@ -66,18 +66,18 @@ def run_worker(config: Config, sock: socket.socket, parent_pid: int | None = Non
 async def _serve(config: Config, sock: socket.socket, parent_pid: int | None) -> None:
     loop = asyncio.get_running_loop()
     metrics = Metrics()
-    sink = DailyFileSink(
-        config.data_dir,
-        fsync=config.durability == "fsync",
-        max_backlog=config.max_backlog,
-        headers={".csv": codec.HEADER},
-    )
 
     def on_flush(seconds: float, nbytes: int, ok: bool) -> None:
         metrics.observe_flush(seconds, nbytes, ok)
         metrics.backlog.set(sink.backlog)
 
-    sink._on_flush = on_flush
+    sink = DailyFileSink(
+        config.data_dir,
+        fsync=config.durability == "fsync",
+        max_backlog=config.max_backlog,
+        headers={".csv": codec.HEADER},
+        on_flush=on_flush,
+    )
     state = ServerState(instance=instance_name(sock.getsockname()[1]))
     server = HTTPServer(
         make_app(config, state, metrics, sink),
