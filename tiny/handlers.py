@@ -170,8 +170,8 @@ class IngestHandler(JSONHandler):
       declared Content-Length is refused before the body is read).
     - 200 once every valid row and every reject is written (see tiny.sink), with counts and
       the first MAX_ERRORS line errors; invalid lines never fail the batch.
-    - 400 corrupt gzip, 401 bad token, 405 other methods, 503 + Retry-After when the
-      backlog is full, the disk refuses the write, or the server is shutting down.
+    - 400 corrupt gzip, 401 bad token, 405 other methods, 431 header limits, 503 +
+      Retry-After when the backlog is full or the disk refuses the write.
     """
 
     name = "ingest"
@@ -190,8 +190,8 @@ class IngestHandler(JSONHandler):
         self.check_headers()
         if self.request.method != "POST":
             raise APIError(405, "use POST to send records")
-        if self.state.draining:
-            raise APIError(503, "server is shutting down", {"Retry-After": "1"})
+        if self.state.draining:  # served during the drain grace; the client should reconnect
+            self.set_header("Connection", "close")
         self.check_token()
         encoding = self.request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("identity", "gzip", "x-gzip", ""):

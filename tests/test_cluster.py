@@ -1,0 +1,454 @@
+"""The supervisord cluster for real: supervisor/supervisord.conf with nginx/local.conf and
+nginx/proxy.conf, four single-process instances behind nginx.
+
+The configs run from a copy of the repo's layout in a temp dir (app.py, tiny/ and .venv
+are symlinks), so their %(here)s-relative data/ and var/ land there, and on a free block of
+five ports instead of 8888 and 8001-8004, so a `make cluster` already running is untouched.
+The only edits to the copies are those port numbers (checked: a renamed port fails here).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import ROOT, record
+from tiny.codec import HEADER, encode_reference
+from tiny.cranlog import parse_row
+
+_SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+_MISSING = [name for name in ("supervisord", "supervisorctl", "nginx") if shutil.which(name, path=_SBIN_PATH) is None]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(bool(_MISSING), reason=f"needs {', '.join(_MISSING)} (`make sysdeps` installs them)"),
+]
+
+INSTANCES = 4
+_TIMEOUT = 10.0  # seconds for any one HTTP request in these tests
+
+
+def _free_port_block() -> int:
+    """A base port B (a multiple of 10) with B .. B+INSTANCES all free on 127.0.0.1."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000, 10)
+        try:
+            for port in range(base, base + INSTANCES + 1):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free block of ports")
+
+
+def _render(source: Path, target: Path, replacements: dict[str, str]) -> None:
+    text = source.read_text()
+    for old, new in replacements.items():
+        assert old in text, f"{source} no longer contains {old!r}; update tests/test_cluster.py"
+        text = text.replace(old, new)
+    target.write_text(text)
+
+
+def _session_members(sid: int) -> list[tuple[int, str]]:
+    """(pid, state) of every process in session ``sid``: supervisord and all it started."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid:
+            members.append((int(stat.parent.name), fields[0]))
+    return members
+
+
+def get(port: int, path: str, timeout: float = _TIMEOUT) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def assert_json_error(status: int, headers: dict[str, str], body: bytes, expected: int) -> None:
+    assert status == expected, body
+    assert headers["content-type"].startswith("application/json")
+    error = json.loads(body)["error"]
+    assert error["status"] == expected and error["message"]
+
+
+def _is_json_error(content_type: str, body: bytes) -> bool:
+    try:
+        return content_type.startswith("application/json") and bool(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+class Cluster:
+    """supervisord -n with the repo's configs in a temp copy of the layout; see the module doc."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.base = _free_port_block()
+        self.port = self.base  # nginx
+        self.instance_ports = [self.base + n for n in range(1, INSTANCES + 1)]
+        self.data = home / "data"
+        self.conf = home / "supervisor" / "supervisord.conf"
+        for name in ("supervisor", "nginx", "data", "var/log", "var/nginx"):  # `make cluster` makes var/
+            (home / name).mkdir(parents=True, exist_ok=True)
+        for name in ("app.py", "tiny", ".venv"):
+            (home / name).symlink_to(ROOT / name)
+        _render(
+            ROOT / "supervisor" / "supervisord.conf",
+            self.conf,
+            {"--port 800%(process_num)d": f"--port {self.base // 10}%(process_num)d"},
+        )
+        ports = {"127.0.0.1:8888": f"127.0.0.1:{self.port}"}
+        ports.update({f"127.0.0.1:800{n}": f"127.0.0.1:{self.base + n}" for n in range(1, INSTANCES + 1)})
+        _render(ROOT / "nginx" / "local.conf", home / "nginx" / "local.conf", ports)
+        shutil.copy(ROOT / "nginx" / "proxy.conf", home / "nginx" / "proxy.conf")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> Cluster:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TINY_")}
+        env["PATH"] = _SBIN_PATH
+        self.output = (self.home / "supervisord.out").open("wb")
+        self.proc = subprocess.Popen(
+            [shutil.which("supervisord", path=_SBIN_PATH) or "supervisord", "-n", "-c", str(self.conf)],
+            cwd=self.home,
+            env=env,
+            stdout=self.output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its session holds every process it starts: see stop()
+        )
+        self.wait_serving(timeout)
+        return self
+
+    def wait_serving(self, timeout: float = 30.0) -> None:
+        """Until nginx answers and its health checks reach every instance."""
+        deadline = time.monotonic() + timeout
+        seen: set[int] = set()
+        while time.monotonic() < deadline:
+            assert self.proc is not None and self.proc.poll() is None, self.logs()
+            try:
+                status, _, body = get(self.port, "/healthz", timeout=2)
+                if status == 200:
+                    seen.add(int(json.loads(body)["instance"].split(":")[1].split("/")[0]))
+            except OSError:
+                pass
+            if seen == set(self.instance_ports):
+                if self.ctl("status").count("RUNNING") == INSTANCES + 1:  # supervisord's startsecs are over too
+                    return
+            time.sleep(0.02)
+        raise AssertionError(f"cluster not serving on all instances (saw {sorted(seen)}):\n{self.logs()}")
+
+    def ctl(self, *args: str, timeout: float = 30.0) -> str:
+        ctl = shutil.which("supervisorctl", path=_SBIN_PATH) or "supervisorctl"
+        done = subprocess.run(
+            [ctl, "-c", str(self.conf), *args], cwd=self.home, capture_output=True, text=True, timeout=timeout
+        )
+        return done.stdout + done.stderr
+
+    def pid(self, name: str) -> int:
+        return int(self.ctl("pid", name).strip() or 0)
+
+    def logs(self) -> str:
+        parts = []
+        for path in [self.home / "supervisord.out", *sorted((self.home / "var" / "log").glob("*.log"))]:
+            if path.exists():
+                parts.append(f"--- {path.name}\n" + path.read_text(errors="replace")[-3000:])
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        """Leave no process behind, whatever state the cluster is in."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                self.ctl("shutdown", timeout=10)
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid, _ in _session_members(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.wait(10)
+        self.output.close()
+
+
+class Load:
+    """Client threads posting unique, traceable batches of one day through nginx until stopped.
+
+    Records each request's start time, duration and status, and the lines of every
+    acknowledged batch. ``no answer``: the connection failed or closed before any answer.
+    """
+
+    def __init__(self, port: int, day: str, clients: int = 6, size: int = 100, max_seconds: float = 60.0) -> None:
+        self.port = port
+        self.day = day
+        self.clients = clients
+        self.size = size
+        self.deadline = time.monotonic() + max_seconds
+        self.requests: list[tuple[float, float, str, list[bytes]]] = []  # (started, seconds, status, lines)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, args=(n,), daemon=True) for n in range(clients)]
+
+    def batch(self, client: int, number: int) -> list[bytes]:
+        return [
+            json.dumps(record(date=self.day, ip_id=client * 10**7 + number * 10**3 + i + 1)).encode()
+            for i in range(self.size)
+        ]
+
+    def _client(self, client: int) -> None:
+        conn: http.client.HTTPConnection | None = None
+        number = 0
+        while not self._stop.is_set() and time.monotonic() < self.deadline:
+            lines = self.batch(client, number)
+            number += 1
+            started = time.monotonic()
+            try:
+                conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=_TIMEOUT)
+                conn.request("POST", "/ingest", b"\n".join(lines), {"Content-Type": "application/x-ndjson"})
+                response = conn.getresponse()
+                body = response.read()
+                status = str(response.status)
+                if status != "200" and not _is_json_error(response.getheader("Content-Type", ""), body):
+                    status += " (not the JSON error shape)"
+            except (OSError, http.client.HTTPException):
+                status = "no answer"
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(0.01)
+            with self._lock:
+                self.requests.append((started, time.monotonic() - started, status, lines))
+        if conn is not None:
+            conn.close()
+
+    def start(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def wait_acked(self, count: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.acked()) < count:
+            assert time.monotonic() < deadline, f"only {len(self.acked())} batches acked: {self.statuses()}"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(_TIMEOUT + 5)
+
+    def acked(self) -> list[list[bytes]]:
+        with self._lock:
+            return [lines for _, _, status, lines in self.requests if status == "200"]
+
+    def statuses(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        with self._lock:
+            for _, _, status, _ in self.requests:
+                counts[status] = counts.get(status, 0) + 1
+        return counts
+
+    def check_day_file(self, data: Path) -> dict[str, int]:
+        """Every acked row on disk exactly once and each batch whole; no row twice; no torn line."""
+        lines = (data / f"{self.day}.csv").read_bytes().split(b"\n")
+        assert lines[0] + b"\n" == HEADER and lines[-1] == b""
+        rows = lines[1:-1]
+        for row in rows:
+            parse_row(row.decode())  # raises on a torn or interleaved line
+        position = {row: i for i, row in enumerate(rows)}
+        assert len(position) == len(rows), "a row is on disk twice: a POST was replayed"
+        lost = 0
+        acked = self.acked()
+        for batch in acked:
+            expected = encode_reference(b"\n".join(batch)).days[self.day].rstrip(b"\n").split(b"\n")
+            places = [position.get(row) for row in expected]
+            lost += sum(place is None for place in places)
+            first = places[0]
+            if first is not None and None not in places:
+                assert places == list(range(first, first + len(places))), "a batch is not contiguous"
+        assert lost == 0, f"{lost} acknowledged rows are missing"
+        return {
+            "rows_on_disk": len(rows),
+            "acked_rows": len(acked) * self.size,
+            "unacked_rows_on_disk": len(rows) - len(acked) * self.size,
+            "lost": lost,
+            "torn": 0,
+        }
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    running = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield running.start()
+    finally:
+        running.stop()
+
+
+def instance_port(body: bytes) -> int:
+    """The instance's own port from /healthz's ``<hostname>:<port>/<pid>``."""
+    return int(json.loads(body)["instance"].rsplit(":", 1)[1].split("/")[0])
+
+
+def test_health_checks_through_nginx_reach_all_four_instances(cluster: Cluster) -> None:
+    assert "RUNNING" in cluster.ctl("status", "nginx")
+    ports = [instance_port(get(cluster.port, "/healthz")[2]) for _ in range(8 * INSTANCES)]
+    assert set(ports) == set(cluster.instance_ports)
+    assert all(ports.count(port) >= 4 for port in cluster.instance_ports), sorted(ports)  # round robin
+
+
+def _ingest_counts(cluster: Cluster) -> list[int]:
+    counts = []
+    for port in cluster.instance_ports:
+        text = get(port, "/metrics")[2].decode()
+        found = re.search(r'^tiny_requests_total\{handler="ingest",status="200"\} ([0-9.e+]+)$', text, re.M)
+        counts.append(int(float(found.group(1))) if found else 0)
+    return counts
+
+
+def test_batches_posted_through_nginx_all_land(cluster: Cluster) -> None:
+    before = _ingest_counts(cluster)
+    conn = http.client.HTTPConnection("127.0.0.1", cluster.port, timeout=_TIMEOUT)
+    try:
+        for number in range(40):
+            lines = [json.dumps(record(date="2014-05-05", ip_id=number * 1000 + i + 1)) for i in range(100)]
+            conn.request("POST", "/ingest", "\n".join(lines).encode())
+            response = conn.getresponse()
+            answer = json.loads(response.read())
+            assert response.status == 200, answer
+            assert answer["result"]["stats"]["records"] == {"valid": 100, "invalid": 0, "total": 100}
+    finally:
+        conn.close()
+    rows = (cluster.data / "2014-05-05.csv").read_bytes().splitlines()
+    assert rows[0] + b"\n" == HEADER and len(rows) - 1 == 4000
+    assert len(set(rows)) == len(rows)
+    spread = [after - was for after, was in zip(_ingest_counts(cluster), before, strict=True)]
+    assert sum(spread) == 40 and all(spread), spread  # every instance took some of them
+
+
+def test_nginx_refuses_an_oversized_body_with_a_json_413(cluster: Cluster) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", cluster.port, timeout=_TIMEOUT)
+    try:
+        conn.putrequest("POST", "/ingest")
+        conn.putheader("Content-Length", str(64 * 1024**2 + 1))  # one byte over client_max_body_size 64m
+        conn.endheaders()
+        conn.send(b"{}\n" * 1000)  # nginx answers on the header, before reading the body
+        response = conn.getresponse()
+        assert_json_error(
+            response.status, {"content-type": response.getheader("Content-Type", "")}, response.read(), 413
+        )
+    finally:
+        conn.close()
+
+
+def test_kill9_of_an_instance_under_load_fails_no_batch_sent_after_it(
+    cluster: Cluster, figures: dict[str, Any]
+) -> None:
+    """kill -9 of one of 4 instances behind nginx while 6 clients post 100-record batches."""
+    load = Load(cluster.port, "2014-05-06").start()
+    try:
+        load.wait_acked(30)
+        victim = cluster.pid("tiny:tiny-2")
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        deadline = killed + 15
+        while cluster.pid("tiny:tiny-2") in (0, victim) or "RUNNING" not in cluster.ctl("status", "tiny:tiny-2"):
+            assert time.monotonic() < deadline, cluster.logs()
+            time.sleep(0.05)
+        while get(cluster.instance_ports[1], "/healthz", timeout=2)[0] != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        restarted = time.monotonic()
+        # nginx skips a failed instance for fail_timeout (2 s), then sends it its share again
+        while _ingest_counts(cluster)[1] == 0:
+            assert time.monotonic() < restarted + 10, "nginx never sent the restarted instance a batch"
+            time.sleep(0.1)
+        back = time.monotonic()
+        load.wait_acked(len(load.acked()) + 30)
+    finally:
+        load.stop()
+    failed = [(started - killed, status) for started, _, status, _ in load.requests if status != "200"]
+    figures.update(
+        case="kill -9 of one of 4 instances behind nginx (supervisord, 6 clients)",
+        requests=len(load.requests),
+        statuses=load.statuses(),
+        restart_seconds=round(restarted - killed, 2),
+        back_in_nginx_seconds=round(back - killed, 2),
+    )
+    # Only batches that had reached the killed instance can fail (nginx's JSON 502, never
+    # replayed); every request sent once the kill was visible went to a live instance.
+    assert all(status == "502" for _, status in failed), failed
+    assert len(failed) <= load.clients, failed
+    assert all(offset < 0.25 for offset, _ in failed), failed
+    figures.update(load.check_day_file(cluster.data))
+
+
+def test_nginx_answers_a_json_502_when_no_instance_is_up(cluster: Cluster) -> None:
+    assert "stopped" in cluster.ctl("stop", "tiny:*")
+    try:
+        assert_json_error(*get(cluster.port, "/healthz"), 502)
+    finally:
+        cluster.ctl("start", "tiny:*")
+    cluster.wait_serving()
+
+
+def test_shutdown_under_load_leaves_nothing_running_and_loses_no_acked_row(
+    cluster: Cluster, figures: dict[str, Any]
+) -> None:
+    """`supervisorctl shutdown` of the whole cluster while 6 clients post through nginx."""
+    assert cluster.proc is not None
+    before = [pid for pid, _ in _session_members(cluster.proc.pid)]
+    assert len(before) >= 1 + INSTANCES + 2  # supervisord, instances, nginx master and worker(s)
+    load = Load(cluster.port, "2014-05-07").start()
+    try:
+        load.wait_acked(30)
+        log_file = cluster.home / "var" / "log" / "supervisord.log"
+        log_start = log_file.stat().st_size
+        started = time.monotonic()
+        assert "Shut down" in cluster.ctl("shutdown")
+        code = cluster.proc.wait(30)
+        stopped = time.monotonic()
+    finally:
+        load.stop()
+    figures.update(
+        case="supervisorctl shutdown under load (4 instances, 6 clients)",
+        requests=len(load.requests),
+        statuses=load.statuses(),
+        exit_code=code,
+        stop_seconds=round(stopped - started, 2),
+    )
+    assert code == 0, cluster.logs()
+    assert _session_members(cluster.proc.pid) == []
+    for pid in before:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    log = log_file.read_bytes()[log_start:].decode()
+    assert len(re.findall(r"stopped: (tiny-\d|nginx) \(exit status 0\)", log)) == 1 + INSTANCES, log
+    assert set(load.statuses()) <= {"200", "no answer"}, load.statuses()  # nginx stops first, then they drain
+    figures.update(load.check_day_file(cluster.data))
