@@ -8,7 +8,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS   ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help run test check sysdeps venv clean fuzz reliability
+.PHONY: help run test check sysdeps venv codec clean fuzz reliability
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -21,7 +21,16 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt
 
 venv: $(BIN)/.installed ## create .venv from the pinned requirements (done by run and test)
 
-run: venv ## serve on 127.0.0.1:8000 (data in ./data); pass flags as ARGS="--processes 2"
+CODEC_SOURCES := $(wildcard rust/tiny_codec/src/*.rs) rust/tiny_codec/Cargo.toml rust/tiny_codec/Cargo.lock
+$(VENV)/.codec: $(BIN)/.installed $(CODEC_SOURCES)
+	@if command -v cargo >/dev/null 2>&1; then \
+	  $(BIN)/maturin build --release -m rust/tiny_codec/Cargo.toml --target-dir rust/target -o build/wheels && \
+	  $(BIN)/pip install -q --force-reinstall --no-deps build/wheels/tiny_codec-*.whl && touch $@; \
+	else echo "no cargo here: the pure-Python reference codec will run (make codec needs a Rust toolchain)"; fi
+
+codec: $(VENV)/.codec ## build the compiled codec (Rust/PyO3, needs cargo) into .venv and build/wheels
+
+run: venv codec ## serve on 127.0.0.1:8000 (data in ./data); pass flags as ARGS="--processes 2"
 	$(BIN)/python app.py $(ARGS)
 
 sysdeps: ## install nginx, ab and supervisord when missing (apt-get)
@@ -34,7 +43,11 @@ check: venv ## ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: venv sysdeps check ## the whole test suite (real servers on 127.0.0.1)
+test: venv codec sysdeps check ## the whole suite: cargo's unit tests, the Python codec's run, then everything on the installed codec
+	@if command -v cargo >/dev/null 2>&1; then cd rust/tiny_codec && cargo test -q --lib --target-dir ../target; fi
+	@if $(BIN)/python -c "import tiny_codec" 2>/dev/null; then \
+	  echo "== the HTTP contract on the pure-Python reference codec (TINY_CODEC=python) =="; \
+	  TINY_CODEC=python $(BIN)/python -m pytest -q app_tests.py tests/test_handlers.py tests/test_fuzz_http.py; fi
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 fuzz: venv ## a longer fuzz run of the codec and of /ingest over HTTP (TINY_FUZZ_EXAMPLES, default 20000)

@@ -1,0 +1,155 @@
+//! A whole request body: split into lines, parse and check each, group rows per day.
+//! Pure Rust (no Python objects), so it runs with the GIL released.
+
+use std::collections::HashMap;
+
+use crate::json::{parse_record, Field, Parsed};
+use crate::record::{day_text, encode_fields, Rows};
+
+/// One refused line: 1-based line number, reason, and `start..end` of its raw bytes in the
+/// body (without the LF or CRLF).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    pub line: usize,
+    pub reason: &'static str,
+    pub start: usize,
+    pub end: usize,
+}
+
+/// The result of [`encode`]: tiny/codec.py's `Batch`, minus the Python objects.
+#[derive(Debug, Default)]
+pub struct Encoded {
+    /// Each day's rows, in order of the day's first record.
+    pub days: Vec<([u8; 10], Vec<u8>)>,
+    pub rejects: Vec<Reject>,
+    pub valid: usize,
+}
+
+/// Lines that are empty or only spaces, tabs and CRs are no records.
+#[inline]
+fn blank(line: &[u8]) -> bool {
+    line.iter().all(|&b| b == b' ' || b == b'\t' || b == b'\r')
+}
+
+/// Encode a body: the same days, rows, rejects and counts as `encode_reference`.
+pub fn encode(body: &[u8]) -> Encoded {
+    // All rows go into one buffer, in body order, and `rows` remembers each row's day and
+    // end; most bodies hold a single day, whose rows are then that buffer as it is. CSV
+    // rows are about half as long as their JSON lines, hence the capacity.
+    let mut out = Rows::with_capacity(body.len() / 2 + 256);
+    let mut rows: Vec<(u32, usize)> = Vec::with_capacity(body.len() / 128 + 1);
+    // Days as YYYYMMDD numbers, in order of first appearance.
+    let mut days: Vec<u32> = Vec::new();
+    let mut day_index: HashMap<u32, u32> = HashMap::new();
+    let mut last_day: Option<(u32, u32)> = None;
+    let mut rejects = Vec::new();
+
+    let mut fields = [Field::Missing; 10];
+    let mut key_buf = Vec::new();
+    let mut scratch = Vec::new();
+
+    let mut start = 0;
+    // body.split(b"\n") yields one more piece than there are LFs: the last runs to the end.
+    let ends = memchr::memchr_iter(b'\n', body).chain(std::iter::once(body.len()));
+    for (line_index, end) in ends.enumerate() {
+        let number = line_index + 1;
+        let line_start = start;
+        start = end + 1;
+        let mut line = &body[line_start..end];
+        if let [rest @ .., b'\r'] = line {
+            line = rest;
+        }
+        let refuse = |reason| Reject { line: number, reason, start: line_start, end: line_start + line.len() };
+        if line.first().is_none_or(|&b| b == b' ' || b == b'\t' || b == b'\r') && blank(line) {
+            continue;
+        }
+        match parse_record(line, &mut fields, &mut key_buf) {
+            // The scanner accepts only valid UTF-8 (see json.rs), so UTF-8 is only in doubt
+            // for a line it refused: orjson refuses every line that is not valid UTF-8.
+            Parsed::Invalid if std::str::from_utf8(line).is_err() => rejects.push(refuse("invalid UTF-8")),
+            Parsed::Invalid => rejects.push(refuse("invalid JSON")),
+            Parsed::NotObject => rejects.push(refuse("not a JSON object")),
+            Parsed::Object => {
+                let row_start = out.len();
+                match encode_fields(line, &body[line_start..], &fields, &mut out, &mut scratch) {
+                    Err(reason) => {
+                        out.truncate(row_start);
+                        rejects.push(refuse(reason));
+                    }
+                    Ok(day) => {
+                        let index = match last_day {
+                            Some((last, index)) if last == day => index,
+                            _ => {
+                                let next = days.len() as u32;
+                                let index = *day_index.entry(day).or_insert(next);
+                                if index == next {
+                                    days.push(day);
+                                }
+                                last_day = Some((day, index));
+                                index
+                            }
+                        };
+                        rows.push((index, out.len()));
+                    }
+                }
+            }
+        }
+    }
+
+    let valid = rows.len();
+    let days = match days.len() {
+        0 => Vec::new(),
+        1 => vec![(day_text(days[0]), out.into_vec())],
+        _ => {
+            // Gather each day's rows, sizing each buffer exactly first.
+            let mut sizes = vec![0usize; days.len()];
+            let mut row_start = 0;
+            for &(day, end) in &rows {
+                sizes[day as usize] += end - row_start;
+                row_start = end;
+            }
+            let mut grouped: Vec<([u8; 10], Vec<u8>)> =
+                days.iter().zip(sizes).map(|(&day, size)| (day_text(day), Vec::with_capacity(size))).collect();
+            let mut row_start = 0;
+            for &(day, end) in &rows {
+                grouped[day as usize].1.extend_from_slice(&out.as_slice()[row_start..end]);
+                row_start = end;
+            }
+            grouped
+        }
+    };
+    Encoded { days, rejects, valid }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = r#"{"date":"2014-05-04","time":"00:50:55","size":1,"ip_id":1}"#;
+    const B: &str = r#"{"date":"2014-05-05","time":"00:50:55","size":2,"ip_id":2}"#;
+
+    #[test]
+    fn lines_blanks_crlf_and_days() {
+        let body = format!("{A}\r\n\n \t\r\n{B}\n[1]\n{A}\r\r\n{A},\nX\n");
+        let mut bytes = body.into_bytes();
+        let n = bytes.len();
+        bytes[n - 2] = 0xff; // invalid UTF-8 on line 8
+        let enc = encode(&bytes);
+        assert_eq!(enc.valid, 3);
+        assert_eq!(enc.days.len(), 2);
+        assert_eq!(enc.days[0].0, *b"2014-05-04");
+        let a = "\"2014-05-04\",\"00:50:55\",1,NA,NA,NA,NA,NA,NA,1\n";
+        assert_eq!(enc.days[0].1, format!("{a}{a}").as_bytes());
+        assert_eq!(enc.days[1].1, b"\"2014-05-05\",\"00:50:55\",2,NA,NA,NA,NA,NA,NA,2\n");
+        let reasons: Vec<_> = enc.rejects.iter().map(|r| (r.line, r.reason)).collect();
+        assert_eq!(reasons, [(5, "not a JSON object"), (7, "invalid JSON"), (8, "invalid UTF-8")]);
+        let raw = &enc.rejects[1];
+        assert_eq!(&bytes[raw.start..raw.end], format!("{A},").as_bytes());
+    }
+
+    #[test]
+    fn empty_body() {
+        let enc = encode(b"");
+        assert_eq!((enc.days.len(), enc.rejects.len(), enc.valid), (0, 0, 0));
+    }
+}
