@@ -276,3 +276,14 @@ def test_too_many_headers_get_431(server: Server) -> None:
 def test_headers_past_the_read_limit_close_the_connection_unanswered(server: Server) -> None:
     head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1024 * 1024 + 10) + b"\r\n\r\n"
     assert raw_exchange(server.port, head) == b""
+
+
+def test_a_big_gzip_body_is_decoded_off_the_loop_with_the_same_answer(tmp_path: Path) -> None:
+    body = line() * 20_000  # ~3.5 MB: past the inline limit
+    with Server(tmp_path / "data") as server:
+        plain = server.ingest(body).json()
+        packed = server.ingest(gzip.compress(body), {"Content-Encoding": "gzip"}).json()
+        bomb = server.ingest(gzip.compress(b"\n" * (80 * 1024**2)), {"Content-Encoding": "gzip"})
+    assert plain["result"]["stats"]["records"] == packed["result"]["stats"]["records"] == {
+        "valid": 20_000, "invalid": 0, "total": 20_000}
+    assert error(bomb)[0] == 413

@@ -6,6 +6,7 @@ meant for the client and never carries internals.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import os
@@ -32,6 +33,7 @@ MAX_ERRORS = 10  # per-line errors listed in a 200 answer; all of them go to rej
 MAX_HEADER_BYTES = 64 * 1024
 MAX_HEADERS = 100
 HEADER_READ_LIMIT = 1024 * 1024
+INLINE_DECODE_BYTES = 1024 * 1024  # bodies up to this are decoded on the event loop itself
 NDJSON_TYPES = frozenset(
     {
         "application/x-ndjson",
@@ -231,9 +233,14 @@ class IngestHandler(JSONHandler):
         body = b"".join(self._chunks)
         self._chunks = []
         received = len(body)
-        if self._gzip:
-            body = _gunzip(body, self.config.max_body)
-        batch = codec.encode(body)
+        if received > INLINE_DECODE_BYTES or self._gzip:
+            # A big body (or any gzip body: a small one may inflate to --max-body) would hold
+            # the event loop for milliseconds: decode it on a thread (zlib and the compiled
+            # codec release the GIL, so other requests go on meanwhile).
+            loop = asyncio.get_running_loop()
+            batch = await loop.run_in_executor(None, self._decode, body)
+        else:
+            batch = self._decode(body)
         chunks = {f"{day}.csv": rows for day, rows in batch.days.items()}
         if batch.rejects:
             now = datetime.now(UTC)
@@ -268,6 +275,11 @@ class IngestHandler(JSONHandler):
                 }
             )
         )
+
+    def _decode(self, body: bytes) -> codec.Batch:
+        if self._gzip:
+            body = _gunzip(body, self.config.max_body)
+        return codec.encode(body)
 
     def _done(self) -> None:
         if self._counted:
