@@ -8,7 +8,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS   ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help run test check sysdeps venv codec clean fuzz reliability
+.PHONY: help run test check sysdeps venv codec clean fuzz reliability bench bench-quick
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -61,6 +61,16 @@ reliability: venv sysdeps ## longer fault runs under load; writes docs/reliabili
 	  TINY_FUZZ_EXAMPLES=$${TINY_FUZZ_EXAMPLES:-3000} $(BIN)/python -m pytest -q $(RELIABILITY_TESTS) \
 	  $(wildcard tests/test_cluster.py)
 	$(BIN)/python tests/reliability_report.py build/figures.jsonl docs/reliability.md
+
+bench: venv codec sysdeps ## the benchmark sweep (~20 min on 2 cores): bench/results/, images/bench_*.png, bench/results/tables.md
+	$(BIN)/python bench/codec_bench.py
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+	$(BIN)/python bench/charts.py
+	$(BIN)/python bench/report.py > /dev/null
+
+bench-quick: venv codec sysdeps ## a smoke run of the benchmark harness (~4 min), into bench/results/quick/
+	$(BIN)/python bench/run.py --quick
+	$(BIN)/python bench/report.py --results bench/results/quick/results.json
 
 clean: ## remove .venv, build output and caches (keeps ./data)
 	rm -rf $(VENV) build var .pytest_cache .ruff_cache .mypy_cache .hypothesis
