@@ -44,7 +44,8 @@ ENV PATH=/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     TINY_ADDRESS=0.0.0.0 \
     TINY_PORT=8000 \
-    TINY_DATA_DIR=/data
+    TINY_DATA_DIR=/data \
+    MPLCONFIGDIR=/tmp/matplotlib
 WORKDIR /app
 VOLUME /data
 EXPOSE 8000

@@ -33,11 +33,12 @@ codec: $(VENV)/.codec ## build the compiled codec (Rust/PyO3, needs cargo) into 
 run: venv codec ## serve on 127.0.0.1:8000 (data in ./data); pass flags as ARGS="--processes 2"
 	$(BIN)/python app.py $(ARGS)
 
-sysdeps: ## install nginx, ab and supervisord when missing (apt-get)
-	@command -v nginx >/dev/null && command -v ab >/dev/null && command -v supervisord >/dev/null || { \
+sysdeps: ## install nginx, ab, supervisord and chromium (the dashboard test) when missing (apt-get)
+	@command -v nginx >/dev/null && command -v ab >/dev/null && command -v supervisord >/dev/null && \
+	  command -v chromium >/dev/null || { \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    nginx apache2-utils supervisor >/dev/null; }
+	    nginx apache2-utils supervisor chromium fonts-dejavu-core >/dev/null; }
 
 check: venv ## ruff and mypy
 	$(BIN)/ruff check .

@@ -8,6 +8,7 @@ TINY_FUZZ_EXAMPLES raises the example count (`make fuzz`).
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
 import os
 import zlib
@@ -106,6 +107,11 @@ def test_fuzzed_requests_never_get_a_5xx_and_every_line_is_accounted_for(
     try:
         response = server.ingest(sent, headers)
     except ValueError:  # http.client refuses to send an invalid header value: nothing sent
+        return
+    except (ConnectionError, http.client.HTTPException):
+        # Tornado drops a malformed HTTP message (a control character in a header value)
+        # with a bare 400 and a close; the client may see the reset before the 400.
+        assert any(not v.isprintable() for v in headers.values())
         return
     if response.status >= 500:
         tally["five_xx"] += 1

@@ -1,9 +1,10 @@
 """One worker process: the Tornado application on a listening socket, and its shutdown.
 
 Shutdown (SIGTERM, SIGINT, or the parent process gone): /healthz turns 503, the socket
-stops accepting, requests in flight finish (up to ``drain_timeout``), the sink writes
-everything it acknowledged or still holds, connections close, and :func:`run_worker`
-returns 0.
+stops accepting, requests on connections already open are still served for a short grace
+(answered with ``Connection: close``), requests in flight finish (up to ``drain_timeout``),
+the sink writes everything it acknowledged or still holds, connections close, and
+:func:`run_worker` returns 0.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from tornado import web
 from tornado.httpserver import HTTPServer
 
-from tiny import codec
+from tiny import analytics, api, codec
 from tiny.config import Config
 from tiny.handlers import (
     HEADER_READ_LIMIT,
@@ -34,6 +35,7 @@ from tiny.sink import DailyFileSink
 
 log = logging.getLogger("tiny.server")
 _PARENT_POLL_SECONDS = 0.5
+_DRAIN_GRACE_SECONDS = 0.5
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -45,6 +47,7 @@ def make_app(config: Config, state: ServerState, metrics: Metrics, sink: DailyFi
             (r"/ingest", IngestHandler, deps),
             (r"/healthz", HealthHandler, deps),
             (r"/metrics", MetricsHandler, deps),
+            *api.routes(deps),
         ],
         default_handler_class=NotFoundHandler,
         default_handler_args=deps,
@@ -99,12 +102,16 @@ async def _serve(config: Config, sock: socket.socket, parent_pid: int | None) ->
     started = time.monotonic()
     state.draining = True
     server.stop()  # stop accepting; the parent holds its copy of the socket, closed on its own stop
+    # Grace: a proxy may still send a request on a keep-alive connection it opened before;
+    # it is served (with "Connection: close") rather than cut off mid-send.
     deadline = started + config.drain_timeout
-    while state.in_flight and time.monotonic() < deadline:
+    grace_end = started + min(_DRAIN_GRACE_SECONDS, config.drain_timeout / 2)
+    while (state.in_flight or time.monotonic() < grace_end) and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     if state.in_flight:
         log.warning("%d requests still in flight after %.1f s; closing them", state.in_flight, config.drain_timeout)
     await sink.close()
+    analytics.shutdown()
     try:
         await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
     except TimeoutError:

@@ -1,0 +1,494 @@
+"""The analytics API (tiny.api): every endpoint and error, against a real server and real day files.
+
+The server holds the sample day (2014-05-04, 77,107 rows, written straight into its data
+dir); every number is checked against an independent count of the same file with
+collections.Counter over tiny.cranlog.iter_records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import random
+import re
+import signal
+import threading
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import SAMPLE_DAY, Response, Server, record, sample_csv
+from tiny import analytics
+from tiny.analytics import whale_name
+from tiny.codec import HEADER
+from tiny.cranlog import iter_records
+
+DAY = "2014-05-04"
+TOKEN = "api-s3cret"
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass
+class Truth:
+    """The sample day, counted in this process without polars or the server."""
+
+    rows: int = 0
+    bytes: int = 0
+    per_ip: Counter[int] = field(default_factory=Counter)
+    bytes_per_ip: Counter[int] = field(default_factory=Counter)
+    hourly: Counter[int] = field(default_factory=Counter)
+    ip_hourly: Counter[tuple[int, int]] = field(default_factory=Counter)
+    countries: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    downloads: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+
+    def ranked(self, top: int) -> list[int]:
+        """ip_ids by downloads, most first, ties by smaller ip_id."""
+        return [ip for ip, _ in sorted(self.per_ip.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]
+
+    def country(self, ip: int) -> str | None:
+        seen = self.countries[ip]
+        if not seen:
+            return None
+        return min(seen, key=lambda c: (-seen[c], c))
+
+    def timeline(self, ip: int) -> list[dict[str, Any]]:
+        """The ip's downloads sorted by time; Python's sort is stable, so file order within a second."""
+        return sorted(self.downloads[ip], key=lambda d: d["time"])
+
+
+@pytest.fixture(scope="module")
+def truth() -> Truth:
+    counted = Truth()
+    for rec in iter_records(SAMPLE_DAY):
+        ip, hour = rec["ip_id"], int(rec["time"][:2])
+        counted.rows += 1
+        counted.bytes += rec["size"]
+        counted.per_ip[ip] += 1
+        counted.bytes_per_ip[ip] += rec["size"]
+        counted.hourly[hour] += 1
+        counted.ip_hourly[ip, hour] += 1
+        if rec["country"] is not None:
+            counted.countries[ip][rec["country"]] += 1
+        counted.downloads[ip].append({k: rec[k] for k in ("time", "package", "version", "size")})
+    return counted
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    data = tmp_path_factory.mktemp("api") / "data"
+    data.mkdir()
+    (data / f"{DAY}.csv").write_bytes(sample_csv())
+    with Server(data) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    data = tmp_path_factory.mktemp("api-token") / "data"
+    data.mkdir()
+    (data / "2014-05-09.csv").write_bytes(HEADER + _row(ip_id=5))
+    with Server(data, env={"TINY_TOKEN": TOKEN}) as running:
+        yield running
+
+
+def _row(ip_id: int, time: str = "10:00:00", package: str = "caret", country: str = "MX") -> bytes:
+    return f'"2014-05-09","{time}",100,NA,NA,NA,"{package}","1.0","{country}",{ip_id}\n'.encode()
+
+
+def get(server: Server, path: str, headers: dict[str, str] | None = None) -> Response:
+    return server.request("GET", path, headers=headers)
+
+
+def ok(server: Server, path: str) -> Any:
+    response = get(server, path)
+    assert response.status == 200, (path, response.body[:300])
+    assert response.headers["content-type"] == "application/json"
+    return response.json()
+
+
+def error(response: Response) -> tuple[int, str]:
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"status", "message"}
+    assert body["error"]["status"] == response.status
+    return body["error"]["status"], body["error"]["message"]
+
+
+def ids_in_svg(svg: bytes, prefix: str) -> list[str]:
+    root = ET.fromstring(svg)
+    return [el.get("id", "") for el in root.iter() if el.get("id", "").startswith(prefix)]
+
+
+def test_days_lists_day_files_with_row_counts(server: Server, truth: Truth) -> None:
+    body = ok(server, "/api/days")
+    assert body == {"days": [{"date": DAY, "rows": truth.rows, "bytes": len(sample_csv())}]}
+    assert truth.rows == 77_107
+
+
+def test_summary_totals_and_hourly_all_vs_whales(server: Server, truth: Truth) -> None:
+    for top in (1, 6, 100):
+        body = ok(server, f"/api/days/{DAY}/summary?top={top}")
+        whales = truth.ranked(top)
+        assert body["date"] == DAY and body["top"] == top
+        assert body["downloads"] == truth.rows
+        assert body["bytes"] == truth.bytes
+        assert body["downloaders"] == len(truth.per_ip)
+        assert body["whale_downloads"] == sum(truth.per_ip[ip] for ip in whales)
+        assert body["hourly"] == [
+            {"hour": h, "all": truth.hourly[h], "whales": sum(truth.ip_hourly[ip, h] for ip in whales)}
+            for h in range(24)
+        ]
+    assert ok(server, f"/api/days/{DAY}/summary")["top"] == 6
+
+
+def test_whales_ranked_with_names_countries_and_bytes(server: Server, truth: Truth) -> None:
+    body = ok(server, f"/api/days/{DAY}/whales")
+    assert body["date"] == DAY and body["top"] == 6 and len(body["whales"]) == 6
+    for top in (6, 25):
+        whales = ok(server, f"/api/days/{DAY}/whales?top={top}")["whales"]
+        assert [w["ip_id"] for w in whales] == truth.ranked(top)
+        for w in whales:
+            assert set(w) == {"ip_id", "name", "country", "downloads", "bytes"}
+            assert w["downloads"] == truth.per_ip[w["ip_id"]]
+            assert w["bytes"] == truth.bytes_per_ip[w["ip_id"]]
+            assert w["country"] == truth.country(w["ip_id"])
+            assert re.fullmatch(r"[a-z]+_[a-z]+", w["name"])
+            assert w["name"] == whale_name(DAY, w["ip_id"])  # same name in the server's processes and here
+
+
+def test_whale_names_are_stable_across_runs() -> None:
+    """Pinned: a name, once shown to people, must not change with a release or a restart."""
+    assert whale_name(DAY, 371) == "dazzling_cougar"
+    assert whale_name(DAY, 3859) == "daring_turtle"
+
+
+def test_hourly_per_whale(server: Server, truth: Truth) -> None:
+    body = ok(server, f"/api/days/{DAY}/whales/hourly?top=8")
+    assert body["date"] == DAY and body["top"] == 8
+    assert [w["ip_id"] for w in body["whales"]] == truth.ranked(8)
+    for w in body["whales"]:
+        assert w["hourly"] == [truth.ip_hourly[w["ip_id"], h] for h in range(24)]
+        assert sum(w["hourly"]) == w["downloads"] == truth.per_ip[w["ip_id"]]
+        assert w["name"] == whale_name(DAY, w["ip_id"])
+
+
+def test_downloads_of_one_whale_in_time_order(server: Server, truth: Truth) -> None:
+    whale = truth.ranked(2)[1]
+    body = ok(server, f"/api/days/{DAY}/whales/{whale}/downloads?limit=50")
+    expected = truth.timeline(whale)
+    assert body["downloads"] == expected[:50]
+    assert body["total"] == len(expected) == truth.per_ip[whale]
+    assert body["truncated"] is True and body["limit"] == 50
+    assert body["bytes"] == truth.bytes_per_ip[whale]
+    assert body["packages"] == len({d["package"] for d in expected})
+    assert (body["ip_id"], body["name"], body["country"]) == (whale, whale_name(DAY, whale), truth.country(whale))
+    default = ok(server, f"/api/days/{DAY}/whales/{whale}/downloads")
+    assert default["limit"] == 1000 and default["downloads"] == expected[:1000]
+
+
+def test_downloads_of_any_ip_id_not_only_whales(server: Server, truth: Truth) -> None:
+    small = next(ip for ip, n in sorted(truth.per_ip.items()) if n == 3)
+    body = ok(server, f"/api/days/{DAY}/whales/{small}/downloads?limit=100000")
+    assert body["downloads"] == truth.timeline(small) and body["truncated"] is False and body["total"] == 3
+
+
+def test_chart_traffic_has_24_hours_of_whales_and_others(server: Server, truth: Truth) -> None:
+    response = get(server, f"/api/days/{DAY}/charts/traffic.svg?top=6")
+    assert response.status == 200
+    assert response.headers["content-type"] == "image/svg+xml"
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    assert len(ids_in_svg(response.body, "traffic-whales-")) == 24
+    assert len(ids_in_svg(response.body, "traffic-others-")) == 24
+    assert b"top 6 whales" in response.body
+
+
+def test_chart_whales_has_one_bar_per_whale(server: Server, truth: Truth) -> None:
+    for top in (3, 12):
+        svg = get(server, f"/api/days/{DAY}/charts/whales.svg?top={top}").body
+        assert ids_in_svg(svg, "whale-bar-") == [f"whale-bar-{i}" for i in range(top)]
+        for ip in truth.ranked(top):
+            assert whale_name(DAY, ip).encode() in svg
+
+
+def test_chart_hourly_small_multiples_then_heatmap(server: Server) -> None:
+    svg = get(server, f"/api/days/{DAY}/charts/hourly.svg?top=5").body
+    assert len(ids_in_svg(svg, "whale-panel-")) == 5
+    svg = get(server, f"/api/days/{DAY}/charts/hourly.svg?top=30").body
+    assert ids_in_svg(svg, "whale-panel-") == [] and ids_in_svg(svg, "whale-heatmap")
+
+
+def test_chart_detail_of_a_whale_and_default_to_the_biggest(server: Server, truth: Truth) -> None:
+    whale = truth.ranked(3)[2]
+    svg = get(server, f"/api/days/{DAY}/charts/detail.svg?ip_id={whale}").body
+    assert f"{whale_name(DAY, whale)} (ip_id {whale})".encode() in svg
+    assert f"{truth.per_ip[whale]:,} downloads".encode() in svg
+    assert b"<image" in svg  # the rasterized points
+    biggest = truth.ranked(1)[0]
+    svg = get(server, f"/api/days/{DAY}/charts/detail.svg").body
+    assert f"(ip_id {biggest})".encode() in svg
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/days/2014-5-4/summary",
+        "/api/days/2014-02-30/whales",
+        "/api/days/0000-01-01/whales",
+        "/api/days/yesterday/whales/hourly",
+        "/api/days/2014-05-04x/charts/traffic.svg",
+        f"/api/days/{DAY}/summary?top=0",
+        f"/api/days/{DAY}/whales?top=101",
+        f"/api/days/{DAY}/whales?top=abc",
+        f"/api/days/{DAY}/whales?top=-1",
+        f"/api/days/{DAY}/whales?top=1.5",
+        f"/api/days/{DAY}/whales?top=",
+        f"/api/days/{DAY}/whales/hourly?top=1000000000000",
+        f"/api/days/{DAY}/whales/0/downloads",
+        f"/api/days/{DAY}/whales/abc/downloads",
+        f"/api/days/{DAY}/whales/371/downloads?limit=0",
+        f"/api/days/{DAY}/whales/371/downloads?limit=100001",
+        f"/api/days/{DAY}/charts/detail.svg?ip_id=-2",
+        f"/api/days/{DAY}/charts/traffic.svg?top=x",
+    ],
+)
+def test_bad_date_or_numbers_are_400(server: Server, path: str) -> None:
+    status, message = error(get(server, path))
+    assert status == 400 and message
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/days/2014-05-05/summary",
+        "/api/days/2014-05-05/whales",
+        "/api/days/2014-05-05/whales/hourly",
+        "/api/days/2014-05-05/whales/371/downloads",
+        "/api/days/2014-05-05/charts/traffic.svg",
+        f"/api/days/{DAY}/whales/99999999/downloads",
+        f"/api/days/{DAY}/charts/detail.svg?ip_id=99999999",
+        f"/api/days/{DAY}/charts/pie.svg",
+        f"/api/days/{DAY}/whatever",
+        "/api/nothing",
+    ],
+)
+def test_unknown_day_ip_or_view_is_404(server: Server, path: str) -> None:
+    status, _ = error(get(server, path))
+    assert status == 404
+
+
+def test_other_methods_are_405(server: Server) -> None:
+    response = server.request("POST", "/api/days", b"{}")
+    assert error(response)[0] == 405 and response.headers["allow"] == "GET"
+    assert error(server.request("DELETE", f"/api/days/{DAY}/whales"))[0] == 405
+
+
+def test_token_rule_like_ingest(locked: Server) -> None:
+    for path in ("/api/days", "/api/days/2014-05-09/whales", "/api/days/2014-05-09/charts/traffic.svg"):
+        response = get(locked, path)
+        assert error(response) == (401, "missing or wrong bearer token")
+        assert response.headers["www-authenticate"].startswith("Bearer")
+        assert error(get(locked, path, {"Authorization": "Bearer wrong"}))[0] == 401
+        assert get(locked, path, {"Authorization": f"Bearer {TOKEN}"}).status == 200
+    page = get(locked, "/")  # the page holds no data; its API calls send the token
+    assert page.status == 200 and page.headers["content-type"].startswith("text/html")
+
+
+def test_dashboard_page_is_self_contained(server: Server) -> None:
+    response = get(server, "/")
+    assert response.status == 200 and response.headers["content-type"] == "text/html; charset=utf-8"
+    page = response.body.decode()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "no external asset"
+    assert "@import" not in page and "url(" not in page
+    policy = response.headers["content-security-policy"]
+    assert "script-src 'sha256-" in policy and "'unsafe-inline'" not in policy.split("style-src")[0]
+    for view in ("traffic", "whales", "hourly", "detail"):
+        assert f'id="chart-{view}"' in page
+
+
+def test_results_follow_the_file_as_it_grows(server: Server) -> None:
+    """Cached per version of the day file: an ingest that appends shows in the next answer."""
+    day = "2014-05-06"
+    body = b"".join(json.dumps(record(date=day, ip_id=7, time="03:00:00")).encode() + b"\n" for _ in range(3))
+    assert server.ingest(body).status == 200
+    assert ok(server, f"/api/days/{day}/whales?top=1")["whales"][0]["downloads"] == 3
+    assert ok(server, f"/api/days/{day}/whales?top=1")["whales"][0]["downloads"] == 3  # cached
+    more = b"".join(json.dumps(record(date=day, ip_id=8, time="05:00:00")).encode() + b"\n" for _ in range(5))
+    assert server.ingest(more).status == 200
+    whales = ok(server, f"/api/days/{day}/whales?top=2")["whales"]
+    assert [(w["ip_id"], w["downloads"]) for w in whales] == [(8, 5), (7, 3)]
+    summary = ok(server, f"/api/days/{day}/summary?top=1")
+    assert summary["downloads"] == 8 and summary["hourly"][5] == {"hour": 5, "all": 5, "whales": 5}
+    assert {"date": day, "rows": 8, "bytes": (server.data_dir / f"{day}.csv").stat().st_size} in ok(
+        server, "/api/days"
+    )["days"]
+    svg = get(server, f"/api/days/{day}/charts/whales.svg?top=2").body
+    assert len(ids_in_svg(svg, "whale-bar-")) == 2
+
+
+def test_a_row_being_written_is_not_counted_until_complete(server: Server) -> None:
+    path = server.data_dir / "2014-05-07.csv"
+    path.write_bytes(HEADER + _row(1) + _row(2) + _row(3)[:20])  # a writer in the middle of a row
+    assert {"date": "2014-05-07", "rows": 2, "bytes": path.stat().st_size} in ok(server, "/api/days")["days"]
+    assert ok(server, "/api/days/2014-05-07/summary")["downloads"] == 2
+    with path.open("ab") as handle:
+        handle.write(_row(3)[20:])
+    assert ok(server, "/api/days/2014-05-07/summary")["downloads"] == 3
+    assert {"date": "2014-05-07", "rows": 3, "bytes": path.stat().st_size} in ok(server, "/api/days")["days"]
+    path.write_bytes(HEADER + _row(1) + _row(9, package="x") * 4)  # cut back and written anew (a failed flush)
+    assert {"date": "2014-05-07", "rows": 5, "bytes": path.stat().st_size} in ok(server, "/api/days")["days"]
+
+
+def test_row_count_is_incremental_and_exact(tmp_path: Path) -> None:
+    """count_rows counts only what was appended since its last count, unless the bytes before changed."""
+    path, rng, content = tmp_path / "day.csv", random.Random(7), b"header\n"
+    for _ in range(1500):
+        roll = rng.random()
+        if roll < 0.94:  # append rows, maybe ending in a partial one
+            content += b"".join(b"r" * rng.randint(0, 300) + b"\n" for _ in range(rng.randint(0, 5)))
+            content += b"p" * rng.randint(0, 3)
+        elif roll < 0.97:  # cut back
+            content = content[: len(content) - rng.randint(0, 2000)]
+        else:  # cut back and rewritten with other bytes
+            cut = max(len(content) - rng.randint(0, 2000), 0)
+            content = content[:cut] + bytes(10 if c == ord("r") else ord("r") for c in content[cut:])
+        path.write_bytes(content)
+        size = rng.randint(0, len(content)) if rng.random() < 0.1 else len(content)
+        assert analytics.count_rows(str(path), size) == max(content[:size].count(b"\n") - 1, 0)
+
+
+@pytest.mark.parametrize("day, odd", [("2014-05-08", "NA"), ("2014-05-11", 'a,"b"')])
+def test_quoted_na_is_a_string_and_bare_na_is_missing(server: Server, day: str, odd: str) -> None:
+    """Namibia's country code is "NA", a bare NA is a missing value; also when a string holds a comma
+    (2014-05-11: the file is then parsed by the exact parser instead of polars)."""
+    path = server.data_dir / f"{day}.csv"
+    quoted = '"' + odd.replace('"', '""') + '"'
+    rows = [_row(1, country="NA"), _row(1, country="NA"), _row(2).replace(b'"caret"', quoted.encode())]
+    path.write_bytes(HEADER + b"".join(rows) + b'"2014-05-08","11:00:00",5,NA,NA,NA,NA,NA,NA,3\n')
+    whales = {w["ip_id"]: w for w in ok(server, f"/api/days/{day}/whales?top=3")["whales"]}
+    assert whales[1]["country"] == "NA" and whales[3]["country"] is None
+    downloads = ok(server, f"/api/days/{day}/whales/2/downloads")["downloads"]
+    assert downloads == [{"time": "10:00:00", "package": odd, "version": "1.0", "size": 100}]
+    assert ok(server, f"/api/days/{day}/whales/3/downloads")["downloads"][0]["package"] is None
+
+
+def test_ingest_does_not_wait_for_analytics(server: Server) -> None:
+    """Eight uncached charts queue in the pool (seconds of work); /ingest answers meanwhile."""
+    paths = [f"/api/days/{DAY}/charts/hourly.svg?top={top}" for top in range(40, 48)]
+    latencies: list[float] = []
+    with ThreadPoolExecutor(len(paths)) as pool:
+        started = time.monotonic()
+        charts = [pool.submit(get, server, path) for path in paths]
+        time.sleep(0.2)
+        while not all(chart.done() for chart in charts):
+            begin = time.monotonic()
+            assert server.ingest(json.dumps(record(date="2014-05-10")).encode()).status == 200
+            latencies.append(time.monotonic() - begin)
+            time.sleep(0.02)
+        busy = time.monotonic() - started
+        assert all(chart.result().status == 200 for chart in charts)
+    assert busy > 0.5 and latencies, busy
+    assert max(latencies) < 0.5, f"ingest took {max(latencies):.3f} s while analytics ran for {busy:.2f} s"
+
+
+def _pool_processes(server: Server) -> list[int]:
+    """The pids of the server's analytics pool processes (spawned children running spawn_main)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+            command = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == server.pid and b"spawn_main" in command:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_killed_pool_process_is_replaced(server: Server) -> None:
+    """kill -9 of the analytics process: at worst a 503 + Retry-After, never a 500; then answers again."""
+    assert ok(server, f"/api/days/{DAY}/summary")  # the pool is up
+    (pid,) = _pool_processes(server)
+    os.kill(pid, signal.SIGKILL)
+    statuses = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        _bump(server.data_dir / f"{DAY}.csv")  # uncached: it must reach the pool
+        response = get(server, f"/api/days/{DAY}/whales?top=2")
+        statuses.append(response.status)
+        if response.status == 200:
+            break
+        assert response.status == 503 and response.headers["retry-after"] == "1", response.body
+        time.sleep(0.1)
+    assert statuses[-1] == 200, statuses
+    assert _pool_processes(server) not in ([], [pid])
+
+
+def _bump(path: Path) -> None:
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000))
+
+
+def _get_quietly(server: Server, path: str) -> None:
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        get(server, path)
+
+
+def test_worker_stops_its_pool_on_shutdown(tmp_path: Path) -> None:
+    """SIGTERM: the worker drains, stops its analytics process (even a busy one) and exits 0 promptly."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / f"{DAY}.csv").write_bytes(sample_csv())
+    with Server(tmp_path / "data") as running:
+        assert ok(running, f"/api/days/{DAY}/whales")
+        (pool,) = _pool_processes(running)
+        busy = threading.Thread(target=_get_quietly, args=(running, f"/api/days/{DAY}/charts/hourly.svg?top=90"))
+        busy.start()
+        time.sleep(0.1)
+        started = time.monotonic()
+        assert running.stop() == 0
+        assert time.monotonic() - started < 5
+        busy.join(30)
+        deadline = time.monotonic() + 5  # not killed by the test's clean-up: gone by itself
+        while Path(f"/proc/{pool}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{pool}").exists()
+
+
+def test_days_counts_many_new_files_in_one_job(tmp_path: Path) -> None:
+    """40 uncounted day files are one pool job, not 40: /api/days works with a queue limit of 2."""
+    (tmp_path / "data").mkdir()
+    for n in range(40):
+        day = date(2015, 1, 1) + timedelta(days=n)
+        (tmp_path / "data" / f"{day}.csv").write_bytes(HEADER + _row(1) * n)
+    with Server(tmp_path / "data", env={"TINY_ANALYTICS_MAX_QUEUED": "2"}) as small:
+        days = ok(small, "/api/days")["days"]
+    assert [d["rows"] for d in days] == list(range(40))
+    assert [d["date"] for d in days] == sorted(d["date"] for d in days)
+
+
+def test_too_many_queued_queries_are_503(tmp_path: Path) -> None:
+    """At most TINY_ANALYTICS_MAX_QUEUED distinct computations queue per worker; the rest get 503."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / f"{DAY}.csv").write_bytes(sample_csv())
+    paths = [f"/api/days/{DAY}/charts/whales.svg?top={top}" for top in range(1, 9)]
+    barrier = threading.Barrier(len(paths))
+    with Server(tmp_path / "data", env={"TINY_ANALYTICS_MAX_QUEUED": "2"}) as small:
+
+        def fetch(path: str) -> Response:
+            barrier.wait()
+            return get(small, path)
+
+        with ThreadPoolExecutor(len(paths)) as pool:
+            responses = list(pool.map(fetch, paths))
+    busy = [r for r in responses if r.status == 503]
+    assert {r.status for r in responses} == {200, 503} and busy
+    assert error(busy[0])[1] == "analytics are busy; try again" and busy[0].headers["retry-after"] == "1"
