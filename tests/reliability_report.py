@@ -53,7 +53,8 @@ def render(entries: list[dict[str, Any]], command: str) -> str:
         f"Produced by `make reliability` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {commit or '?'}, "
         f"{os.cpu_count()} cores, Linux {platform.release()}, Python {platform.python_version()}.",
         "Every number below comes from that real run: real server processes on 127.0.0.1, real signals, "
-        "real files (tests/test_faults.py, tests/test_fuzz_http.py, tests/test_codec_properties.py, tests/test_cluster.py).",
+        "real files (tests/test_faults.py, tests/test_fuzz_http.py, tests/test_codec_properties.py, "
+        "tests/test_cluster.py).",
         "",
         f"Reproduce: `{command}`. The same tests run, shorter, in `make test`.",
         "",
