@@ -209,43 +209,56 @@ def rows_of(path: Path) -> list[bytes]:
     return path.read_bytes().splitlines(keepends=True)
 
 
-class TaggedLoad:
-    """Client threads posting batches whose rows are unique and traceable, until stopped.
+REQUEST_TIMEOUT = 10.0  # seconds for any one HTTP request of a Load
 
-    Keeps every acknowledged batch (its NDJSON lines), the statuses seen and the requests
-    that got no answer, so a test can check the day file against what was acked.
+
+def is_json_error(content_type: str, body: bytes) -> bool:
+    """True for the JSON error shape {"error": {..., "message": "..."}}."""
+    try:
+        return content_type.startswith("application/json") and bool(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+class Load:
+    """Client threads posting unique, traceable batches of one day through nginx until stopped.
+
+    Records each request's start time, duration and status, and the lines of every
+    acknowledged batch. ``no answer``: the connection failed or closed before any answer.
     """
 
-    def __init__(self, server: Server, clients: int = 8, size: int = 200) -> None:
-        self.server = server
+    def __init__(self, port: int, day: str, clients: int = 6, size: int = 100, max_seconds: float = 60.0) -> None:
+        self.port = port
+        self.day = day
         self.clients = clients
         self.size = size
-        self.acked: list[list[bytes]] = []
-        self.statuses: dict[str, int] = {}
-        self.sent = 0
+        self.deadline = time.monotonic() + max_seconds
+        self.requests: list[tuple[float, float, str, list[bytes]]] = []  # (started, seconds, status, lines)
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._client, args=(n,), daemon=True) for n in range(clients)]
         self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, args=(n,), daemon=True) for n in range(clients)]
 
     def batch(self, client: int, number: int) -> list[bytes]:
-        tag = f"c{client}b{number}"
         return [
-            json.dumps(record(ip_id=client * 10**7 + number * 10**3 + i + 1, package=tag)).encode()
+            json.dumps(record(date=self.day, ip_id=client * 10**7 + number * 10**3 + i + 1)).encode()
             for i in range(self.size)
         ]
 
     def _client(self, client: int) -> None:
-        number = 0
         conn: http.client.HTTPConnection | None = None
-        while not self._stop.is_set():
+        number = 0
+        while not self._stop.is_set() and time.monotonic() < self.deadline:
             lines = self.batch(client, number)
             number += 1
+            started = time.monotonic()
             try:
-                conn = conn or http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=30)
-                conn.request("POST", "/ingest", b"\n".join(lines))
+                conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT)
+                conn.request("POST", "/ingest", b"\n".join(lines), {"Content-Type": "application/x-ndjson"})
                 response = conn.getresponse()
-                response.read()
+                body = response.read()
                 status = str(response.status)
+                if status != "200" and not is_json_error(response.getheader("Content-Type", ""), body):
+                    status += " (not the JSON error shape)"
             except (OSError, http.client.HTTPException):
                 status = "no answer"
                 if conn is not None:
@@ -253,51 +266,68 @@ class TaggedLoad:
                 conn = None
                 time.sleep(0.01)
             with self._lock:
-                self.sent += 1
-                self.statuses[status] = self.statuses.get(status, 0) + 1
-                if status == "200":
-                    self.acked.append(lines)
+                self.requests.append((started, time.monotonic() - started, status, lines))
         if conn is not None:
             conn.close()
 
-    def start(self) -> TaggedLoad:
+    def note(self, lines: list[bytes], status: int) -> None:
+        """Record a batch the test posted itself, so check_day_file counts it too."""
+        with self._lock:
+            self.requests.append((time.monotonic(), 0.0, str(status), lines))
+
+    def start(self) -> Load:
         for thread in self._threads:
             thread.start()
         return self
 
+    def wait_acked(self, count: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.acked()) < count:
+            assert time.monotonic() < deadline, f"only {len(self.acked())} batches acked: {self.statuses()}"
+            time.sleep(0.01)
+
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(30)
+            thread.join(REQUEST_TIMEOUT + 5)
 
-    def check_day_file(self, path: Path) -> dict[str, int]:
-        """Assert the day file holds every acked row once, each batch whole and in order,
-        and no torn line; return the counts for the figures."""
+    def acked(self) -> list[list[bytes]]:
+        with self._lock:
+            return [lines for _, _, status, lines in self.requests if status == "200"]
+
+    def statuses(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        with self._lock:
+            for _, _, status, _ in self.requests:
+                counts[status] = counts.get(status, 0) + 1
+        return counts
+
+    def check_day_file(self, data: Path) -> dict[str, int]:
+        """Every acked row on disk exactly once and each batch whole; no row twice; no torn line."""
         from tiny.codec import HEADER, encode_reference
         from tiny.cranlog import parse_row
 
-        lines = path.read_bytes().split(b"\n")
-        assert lines[-1] == b"", "the file does not end with LF"
+        lines = (data / f"{self.day}.csv").read_bytes().split(b"\n")
+        assert lines[0] + b"\n" == HEADER and lines[-1] == b""
         rows = lines[1:-1]
-        assert lines[0] + b"\n" == HEADER and HEADER.rstrip(b"\n") not in rows
         for row in rows:
             parse_row(row.decode())  # raises on a torn or interleaved line
         position = {row: i for i, row in enumerate(rows)}
-        assert len(position) == len(rows), "a row is on disk twice"
+        assert len(position) == len(rows), "a row is on disk twice: a POST was replayed"
         lost = 0
-        for batch in self.acked:
-            expected = encode_reference(b"\n".join(batch)).days["2014-05-04"].rstrip(b"\n").split(b"\n")
+        acked = self.acked()
+        for batch in acked:
+            expected = encode_reference(b"\n".join(batch)).days[self.day].rstrip(b"\n").split(b"\n")
             places = [position.get(row) for row in expected]
-            if None in places:
-                lost += sum(p is None for p in places)
-                continue
-            assert places == list(range(places[0], places[0] + len(places))), "a batch is not contiguous"
+            lost += sum(place is None for place in places)
+            first = places[0]
+            if first is not None and None not in places:
+                assert places == list(range(first, first + len(places))), "a batch is not contiguous"
         assert lost == 0, f"{lost} acknowledged rows are missing"
-        acked_rows = len(self.acked) * self.size
         return {
             "rows_on_disk": len(rows),
-            "acked_rows": acked_rows,
-            "unacked_rows_on_disk": len(rows) - acked_rows,
+            "acked_rows": len(acked) * self.size,
+            "unacked_rows_on_disk": len(rows) - len(acked) * self.size,
             "lost": lost,
             "torn": 0,
         }

@@ -18,7 +18,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, record
-from tiny.codec import HEADER, encode_reference
-from tiny.cranlog import parse_row
+from tests.support import ROOT, Load, record
+from tiny.codec import HEADER
 
 _SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 _MISSING = [name for name in ("supervisord", "supervisorctl", "nginx") if shutil.which(name, path=_SBIN_PATH) is None]
@@ -93,13 +91,6 @@ def assert_json_error(status: int, headers: dict[str, str], body: bytes, expecte
     assert headers["content-type"].startswith("application/json")
     error = json.loads(body)["error"]
     assert error["status"] == expected and error["message"]
-
-
-def _is_json_error(content_type: str, body: bytes) -> bool:
-    try:
-        return content_type.startswith("application/json") and bool(json.loads(body)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return False
 
 
 class Cluster:
@@ -195,111 +186,6 @@ class Cluster:
         if self.proc.poll() is None:
             self.proc.wait(10)
         self.output.close()
-
-
-class Load:
-    """Client threads posting unique, traceable batches of one day through nginx until stopped.
-
-    Records each request's start time, duration and status, and the lines of every
-    acknowledged batch. ``no answer``: the connection failed or closed before any answer.
-    """
-
-    def __init__(self, port: int, day: str, clients: int = 6, size: int = 100, max_seconds: float = 60.0) -> None:
-        self.port = port
-        self.day = day
-        self.clients = clients
-        self.size = size
-        self.deadline = time.monotonic() + max_seconds
-        self.requests: list[tuple[float, float, str, list[bytes]]] = []  # (started, seconds, status, lines)
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._client, args=(n,), daemon=True) for n in range(clients)]
-
-    def batch(self, client: int, number: int) -> list[bytes]:
-        return [
-            json.dumps(record(date=self.day, ip_id=client * 10**7 + number * 10**3 + i + 1)).encode()
-            for i in range(self.size)
-        ]
-
-    def _client(self, client: int) -> None:
-        conn: http.client.HTTPConnection | None = None
-        number = 0
-        while not self._stop.is_set() and time.monotonic() < self.deadline:
-            lines = self.batch(client, number)
-            number += 1
-            started = time.monotonic()
-            try:
-                conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=_TIMEOUT)
-                conn.request("POST", "/ingest", b"\n".join(lines), {"Content-Type": "application/x-ndjson"})
-                response = conn.getresponse()
-                body = response.read()
-                status = str(response.status)
-                if status != "200" and not _is_json_error(response.getheader("Content-Type", ""), body):
-                    status += " (not the JSON error shape)"
-            except (OSError, http.client.HTTPException):
-                status = "no answer"
-                if conn is not None:
-                    conn.close()
-                conn = None
-                time.sleep(0.01)
-            with self._lock:
-                self.requests.append((started, time.monotonic() - started, status, lines))
-        if conn is not None:
-            conn.close()
-
-    def start(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def wait_acked(self, count: int, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.acked()) < count:
-            assert time.monotonic() < deadline, f"only {len(self.acked())} batches acked: {self.statuses()}"
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(_TIMEOUT + 5)
-
-    def acked(self) -> list[list[bytes]]:
-        with self._lock:
-            return [lines for _, _, status, lines in self.requests if status == "200"]
-
-    def statuses(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        with self._lock:
-            for _, _, status, _ in self.requests:
-                counts[status] = counts.get(status, 0) + 1
-        return counts
-
-    def check_day_file(self, data: Path) -> dict[str, int]:
-        """Every acked row on disk exactly once and each batch whole; no row twice; no torn line."""
-        lines = (data / f"{self.day}.csv").read_bytes().split(b"\n")
-        assert lines[0] + b"\n" == HEADER and lines[-1] == b""
-        rows = lines[1:-1]
-        for row in rows:
-            parse_row(row.decode())  # raises on a torn or interleaved line
-        position = {row: i for i, row in enumerate(rows)}
-        assert len(position) == len(rows), "a row is on disk twice: a POST was replayed"
-        lost = 0
-        acked = self.acked()
-        for batch in acked:
-            expected = encode_reference(b"\n".join(batch)).days[self.day].rstrip(b"\n").split(b"\n")
-            places = [position.get(row) for row in expected]
-            lost += sum(place is None for place in places)
-            first = places[0]
-            if first is not None and None not in places:
-                assert places == list(range(first, first + len(places))), "a batch is not contiguous"
-        assert lost == 0, f"{lost} acknowledged rows are missing"
-        return {
-            "rows_on_disk": len(rows),
-            "acked_rows": len(acked) * self.size,
-            "unacked_rows_on_disk": len(rows) - len(acked) * self.size,
-            "lost": lost,
-            "torn": 0,
-        }
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, record
-from tests.test_cluster import Load
+from tests.support import ROOT, Load, record
 
 _TIMEOUT = 10.0
 _BUILD_TIMEOUT = 900.0  # a cold `make images-offline` (Debian root, both images) takes about a minute

@@ -20,14 +20,14 @@ import orjson
 import pytest
 
 from tests.conftest import SCALE
-from tests.support import Server, TaggedLoad, record
+from tests.support import Load, Server, record
 from tests.test_workers import alive, wait_for, worker_pids
 
 
 def test_kill9_of_a_worker_under_load_loses_no_acked_row(tmp_path: Path, figures: dict[str, Any]) -> None:
     """kill -9 of one of 2 forked workers while 8 clients post 200-record batches."""
     with Server(tmp_path / "data", processes=2) as server:
-        load = TaggedLoad(server, clients=8).start()
+        load = Load(server.port, "2014-05-04", clients=8, size=200).start()
         time.sleep(1.0 * SCALE)
         victim = min(worker_pids(server))
         os.kill(victim, signal.SIGKILL)
@@ -36,17 +36,22 @@ def test_kill9_of_a_worker_under_load_loses_no_acked_row(tmp_path: Path, figures
         restarted = time.monotonic() - killed
         time.sleep(1.5 * SCALE)
         load.stop()
-    counts = load.check_day_file(tmp_path / "data" / "2014-05-04.csv")
-    figures.update(case="kill -9 of one worker (2 workers, 8 clients)", requests=load.sent,
-                   statuses=load.statuses, restart_seconds=round(restarted, 3), **counts)
+    counts = load.check_day_file(tmp_path / "data")
+    figures.update(
+        case="kill -9 of one worker (2 workers, 8 clients)",
+        requests=len(load.requests),
+        statuses=load.statuses(),
+        restart_seconds=round(restarted, 3),
+        **counts,
+    )
     assert restarted < 1.0
-    assert load.statuses.get("200", 0) > 0
+    assert load.statuses().get("200", 0) > 0
 
 
 def test_sigterm_under_load_exits_zero_in_time(tmp_path: Path, figures: dict[str, Any]) -> None:
     """SIGTERM of the whole server while 8 clients post."""
     server = Server(tmp_path / "data", processes=2).start()
-    load = TaggedLoad(server, clients=8).start()
+    load = Load(server.port, "2014-05-04", clients=8, size=200).start()
     try:
         time.sleep(1.5 * SCALE)
         started = time.monotonic()
@@ -56,16 +61,22 @@ def test_sigterm_under_load_exits_zero_in_time(tmp_path: Path, figures: dict[str
         load.stop()
         server.kill()
         server.close()
-    counts = load.check_day_file(tmp_path / "data" / "2014-05-04.csv")
-    figures.update(case="SIGTERM under load (2 workers, 8 clients)", requests=load.sent, statuses=load.statuses,
-                   exit_code=code, stop_seconds=round(took, 3), **counts)
+    counts = load.check_day_file(tmp_path / "data")
+    figures.update(
+        case="SIGTERM under load (2 workers, 8 clients)",
+        requests=len(load.requests),
+        statuses=load.statuses(),
+        exit_code=code,
+        stop_seconds=round(took, 3),
+        **counts,
+    )
     assert code == 0 and took < 10
 
 
 def test_kill9_of_the_parent_leaves_no_orphan_and_the_port_restarts(tmp_path: Path, figures: dict[str, Any]) -> None:
     """kill -9 of the parent while 4 clients post; then a new server on the same port."""
     server = Server(tmp_path / "data", processes=2).start()
-    load = TaggedLoad(server, clients=4).start()
+    load = Load(server.port, "2014-05-04", clients=4, size=200).start()
     try:
         time.sleep(1.0 * SCALE)
         workers, port = worker_pids(server), server.port
@@ -77,11 +88,17 @@ def test_kill9_of_the_parent_leaves_no_orphan_and_the_port_restarts(tmp_path: Pa
         load.stop()
         server.kill()
         server.close()
-    counts = load.check_day_file(tmp_path / "data" / "2014-05-04.csv")
+    counts = load.check_day_file(tmp_path / "data")
     with Server(tmp_path / "data", processes=2, port=port) as again:
         restarted_ok = again.ingest(orjson.dumps(record())).status == 200
-    figures.update(case="kill -9 of the parent (2 workers, 4 clients)", requests=load.sent, statuses=load.statuses,
-                   orphans_gone_seconds=round(gone, 3), same_port_restart=restarted_ok, **counts)
+    figures.update(
+        case="kill -9 of the parent (2 workers, 4 clients)",
+        requests=len(load.requests),
+        statuses=load.statuses(),
+        orphans_gone_seconds=round(gone, 3),
+        same_port_restart=restarted_ok,
+        **counts,
+    )
     assert restarted_ok
 
 
@@ -90,14 +107,13 @@ def _limit_file_size(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
 
 
-def _post_until_refused(server: Server, load: TaggedLoad, attempts: int) -> dict[str, int]:
+def _post_until_refused(server: Server, load: Load, attempts: int) -> dict[str, int]:
     statuses: dict[str, int] = {}
     for number in range(attempts):
         response = server.ingest(b"\n".join(load.batch(0, number)))
         statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
-        if response.status == 200:
-            load.acked.append(load.batch(0, number))
-        else:
+        load.note(load.batch(0, number), response.status)
+        if response.status != 200:
             assert response.status == 503, response.body
             assert "disk refused" in response.json()["error"]["message"]
             assert response.headers["retry-after"].isdigit()
@@ -110,19 +126,23 @@ def test_file_size_limit_gets_503_keeps_lines_whole_and_recovers(tmp_path: Path,
     server = Server(tmp_path / "data")
     server.preexec = lambda: _limit_file_size(limit)  # type: ignore[attr-defined]
     with server:
-        load = TaggedLoad(server, size=100)
+        load = Load(server.port, "2014-05-04", size=100)
         statuses = _post_until_refused(server, load, 15)
         day = tmp_path / "data" / "2014-05-04.csv"
         assert day.stat().st_size <= limit
-        counts = load.check_day_file(day)
+        counts = load.check_day_file(day.parent)
         assert server.request("GET", "/healthz").status == 200  # still running
         resource.prlimit(server.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
         recovered = server.ingest(b"\n".join(load.batch(1, 0)))
         assert recovered.status == 200
-        load.acked.append(load.batch(1, 0))
-        counts = load.check_day_file(day)
-    figures.update(case="file size limit (RLIMIT_FSIZE 100 KB, 100-record batches)", statuses=statuses,
-                   accepted_after_limit_lifted=True, **counts)
+        load.note(load.batch(1, 0), 200)
+        counts = load.check_day_file(day.parent)
+    figures.update(
+        case="file size limit (RLIMIT_FSIZE 100 KB, 100-record batches)",
+        statuses=statuses,
+        accepted_after_limit_lifted=True,
+        **counts,
+    )
     assert statuses.get("503", 0) > 0 and statuses.get("200", 0) > 0
 
 
@@ -134,18 +154,19 @@ def test_full_tmpfs_gets_503_and_accepts_again_when_space_is_back(tmp_path: Path
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tinytest", str(data)], check=True)
     try:
         with Server(data) as server:
-            load = TaggedLoad(server, size=100)
+            load = Load(server.port, "2014-05-04", size=100)
             statuses = _post_until_refused(server, load, 40)
             day = data / "2014-05-04.csv"
-            counts = load.check_day_file(day)
+            counts = load.check_day_file(day.parent)
             subprocess.run(["mount", "-o", "remount,size=4m", str(data)], check=True)
             assert server.ingest(b"\n".join(load.batch(1, 0))).status == 200
-            load.acked.append(load.batch(1, 0))
-            counts = load.check_day_file(day)
+            load.note(load.batch(1, 0), 200)
+            counts = load.check_day_file(day.parent)
     finally:
         subprocess.run(["umount", "-l", str(data)], check=False)
-    figures.update(case="disk full (tmpfs 256 KB, 100-record batches)", statuses=statuses,
-                   accepted_after_space_back=True, **counts)
+    figures.update(
+        case="disk full (tmpfs 256 KB, 100-record batches)", statuses=statuses, accepted_after_space_back=True, **counts
+    )
     assert statuses.get("503", 0) > 0
 
 
@@ -176,8 +197,9 @@ def test_slow_and_idle_clients_are_cut_off_while_fast_ones_are_served(tmp_path: 
         trickle_head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
         threads = [
             threading.Thread(target=lambda: results.__setitem__("headers", _slow_client(server.port, head, 0.05, 10))),
-            threading.Thread(target=lambda: results.__setitem__(
-                "body", _slow_client(server.port, trickle_head + body, 0.05, 10))),
+            threading.Thread(
+                target=lambda: results.__setitem__("body", _slow_client(server.port, trickle_head + body, 0.05, 10))
+            ),
         ]
         for thread in threads:
             thread.start()
@@ -199,18 +221,32 @@ def test_slow_and_idle_clients_are_cut_off_while_fast_ones_are_served(tmp_path: 
                 pass
             sock.close()
     latencies.sort()
-    figures.update(case="slow headers, trickled body, 200 idle connections (timeouts 1 s)",
-                   slow_headers_cut_after_s=round(results["headers"][1], 2),
-                   trickled_body_cut_after_s=round(results["body"][1], 2), idle_closed=idle_closed,
-                   fast_requests=len(latencies), fast_p99_ms=round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1))
+    figures.update(
+        case="slow headers, trickled body, 200 idle connections (timeouts 1 s)",
+        slow_headers_cut_after_s=round(results["headers"][1], 2),
+        trickled_body_cut_after_s=round(results["body"][1], 2),
+        idle_closed=idle_closed,
+        fast_requests=len(latencies),
+        fast_p99_ms=round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1),
+    )
     assert results["headers"][0] and results["headers"][1] < 3
     assert results["body"][0] and results["body"][1] < 4
     assert idle_closed == 200
     assert latencies[-1] < 1.0
 
 
-@pytest.mark.parametrize("date", ["../../../tmp/escape", "/etc/passwd", "2014-05-04/../../x", "2014-05-04\x00",
-                                  "..", "2014-05-04.csv", " 2014-05-04"])
+@pytest.mark.parametrize(
+    "date",
+    [
+        "../../../tmp/escape",
+        "/etc/passwd",
+        "2014-05-04/../../x",
+        "2014-05-04\x00",
+        "..",
+        "2014-05-04.csv",
+        " 2014-05-04",
+    ],
+)
 def test_a_date_can_never_name_a_file_outside_the_data_dir(tmp_path: Path, date: str) -> None:
     data = tmp_path / "a" / "data"
     with Server(data) as server:
