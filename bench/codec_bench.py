@@ -45,7 +45,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tiny.codec import COLUMNS, Batch, InvalidRecord, encode_record, encode_reference  # noqa: E402
+from tiny.codec import COLUMNS, Batch, encode_reference, undecodable  # noqa: E402
 from tiny.cranlog import ndjson_lines  # noqa: E402
 
 SAMPLE = REPO.parent / "shared/data/cran-logs/2014-05-04.csv.gz"
@@ -81,31 +81,14 @@ def msgspec_codec() -> Codec | None:
     decode = msgspec.json.Decoder().decode
     error = msgspec.DecodeError
 
+    def decode_line(raw: bytes) -> Any:
+        try:
+            return decode(raw)
+        except error:
+            raise undecodable(raw) from None
+
     def encode(body: bytes) -> Batch:
-        days: dict[str, list[bytes]] = {}
-        rejects: list[tuple[int, str, bytes]] = []
-        valid = 0
-        for number, raw in enumerate(body.split(b"\n"), 1):
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
-            if not raw.strip(b" \t\r"):
-                continue
-            try:
-                try:
-                    value = decode(raw)
-                except error:
-                    try:
-                        raw.decode("utf-8")
-                    except UnicodeDecodeError:
-                        raise InvalidRecord("invalid UTF-8") from None
-                    raise InvalidRecord("invalid JSON") from None
-                day, row = encode_record(value)
-            except InvalidRecord as exc:
-                rejects.append((number, exc.reason, raw))
-                continue
-            days.setdefault(day, []).append(row)
-            valid += 1
-        return Batch({day: b"".join(rows) for day, rows in days.items()}, rejects, valid, len(rejects))
+        return encode_reference(body, decode=decode_line)
 
     return encode
 

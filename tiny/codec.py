@@ -136,20 +136,29 @@ def encode_record(record: Any) -> tuple[str, bytes]:
     return day, (",".join(fields) + "\n").encode()
 
 
+def undecodable(raw: bytes) -> InvalidRecord:
+    """The error for a line a JSON decoder refused: not UTF-8, else not JSON."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return InvalidRecord("invalid UTF-8")
+    return InvalidRecord("invalid JSON")
+
+
 def _decode_line(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidRecord("invalid UTF-8") from None
-        raise InvalidRecord("invalid JSON") from None
+        raise undecodable(raw) from None
 
 
 @profile
-def encode_reference(body: bytes) -> Batch:
-    """The readable reference codec: orjson per line, then :func:`encode_record`."""
+def encode_reference(body: bytes, decode: Callable[[bytes], Any] = _decode_line) -> Batch:
+    """The readable reference codec: orjson per line, then :func:`encode_record`.
+
+    ``decode`` swaps the JSON decoder (the codec benchmark measures others with it); it
+    raises :class:`InvalidRecord` for a line it cannot decode.
+    """
     days: dict[str, list[bytes]] = {}
     rejects: list[tuple[int, str, bytes]] = []
     valid = 0
@@ -159,7 +168,7 @@ def encode_reference(body: bytes) -> Batch:
         if not raw.strip(_BLANK):
             continue
         try:
-            day, row = encode_record(_decode_line(raw))
+            day, row = encode_record(decode(raw))
         except InvalidRecord as exc:
             rejects.append((number, exc.reason, raw))
             continue
