@@ -212,6 +212,17 @@ def rows_of(path: Path) -> list[bytes]:
 REQUEST_TIMEOUT = 10.0  # seconds for any one HTTP request of a Load
 
 
+def http_get(port: int, path: str, timeout: float = REQUEST_TIMEOUT) -> tuple[int, dict[str, str], bytes]:
+    """GET 127.0.0.1:port/path on a new connection: (status, lower-cased headers, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
 def is_json_error(content_type: str, body: bytes) -> bool:
     """True for the JSON error shape {"error": {..., "message": "..."}}."""
     try:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, Load, record
+from tests.support import ROOT, Load, http_get, record
 from tiny.codec import HEADER
 
 _SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
@@ -74,16 +74,6 @@ def _session_members(sid: int) -> list[tuple[int, str]]:
         if int(fields[3]) == sid:
             members.append((int(stat.parent.name), fields[0]))
     return members
-
-
-def get(port: int, path: str, timeout: float = _TIMEOUT) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-    finally:
-        conn.close()
 
 
 def assert_json_error(status: int, headers: dict[str, str], body: bytes, expected: int) -> None:
@@ -140,7 +130,7 @@ class Cluster:
         while time.monotonic() < deadline:
             assert self.proc is not None and self.proc.poll() is None, self.logs()
             try:
-                status, _, body = get(self.port, "/healthz", timeout=2)
+                status, _, body = http_get(self.port, "/healthz", timeout=2)
                 if status == 200:
                     seen.add(int(json.loads(body)["instance"].split(":")[1].split("/")[0]))
             except OSError:
@@ -204,7 +194,7 @@ def instance_port(body: bytes) -> int:
 
 def test_health_checks_through_nginx_reach_all_four_instances(cluster: Cluster) -> None:
     assert "RUNNING" in cluster.ctl("status", "nginx")
-    ports = [instance_port(get(cluster.port, "/healthz")[2]) for _ in range(8 * INSTANCES)]
+    ports = [instance_port(http_get(cluster.port, "/healthz")[2]) for _ in range(8 * INSTANCES)]
     assert set(ports) == set(cluster.instance_ports)
     assert all(ports.count(port) >= 4 for port in cluster.instance_ports), sorted(ports)  # round robin
 
@@ -212,7 +202,7 @@ def test_health_checks_through_nginx_reach_all_four_instances(cluster: Cluster) 
 def _ingest_counts(cluster: Cluster) -> list[int]:
     counts = []
     for port in cluster.instance_ports:
-        text = get(port, "/metrics")[2].decode()
+        text = http_get(port, "/metrics")[2].decode()
         found = re.search(r'^tiny_requests_total\{handler="ingest",status="200"\} ([0-9.e+]+)$', text, re.M)
         counts.append(int(float(found.group(1))) if found else 0)
     return counts
@@ -267,7 +257,7 @@ def test_kill9_of_an_instance_under_load_fails_no_batch_sent_after_it(
         while cluster.pid("tiny:tiny-2") in (0, victim) or "RUNNING" not in cluster.ctl("status", "tiny:tiny-2"):
             assert time.monotonic() < deadline, cluster.logs()
             time.sleep(0.05)
-        while get(cluster.instance_ports[1], "/healthz", timeout=2)[0] != 200:
+        while http_get(cluster.instance_ports[1], "/healthz", timeout=2)[0] != 200:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         restarted = time.monotonic()
@@ -298,7 +288,7 @@ def test_kill9_of_an_instance_under_load_fails_no_batch_sent_after_it(
 def test_nginx_answers_a_json_502_when_no_instance_is_up(cluster: Cluster) -> None:
     assert "stopped" in cluster.ctl("stop", "tiny:*")
     try:
-        assert_json_error(*get(cluster.port, "/healthz"), 502)
+        assert_json_error(*http_get(cluster.port, "/healthz"), 502)
     finally:
         cluster.ctl("start", "tiny:*")
     cluster.wait_serving()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, Load, record
+from tests.support import ROOT, Load, http_get, record
 
 _TIMEOUT = 10.0
 _BUILD_TIMEOUT = 900.0  # a cold `make images-offline` (Debian root, both images) takes about a minute
@@ -71,16 +71,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def get(port: int, path: str, timeout: float = _TIMEOUT) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
 class Stack:
     """One compose project of docker-compose.yml; see the module docstring."""
 
@@ -122,7 +112,7 @@ class Stack:
         """The replica (hostname) that answered each of ``requests`` health checks through nginx."""
         hosts = []
         for _ in range(requests):
-            status, body = get(self.port, "/healthz")
+            status, _, body = http_get(self.port, "/healthz", _TIMEOUT)
             assert status == 200, body
             hosts.append(json.loads(body)["instance"].split(":")[0])
         return hosts
@@ -177,7 +167,7 @@ def stack(images: dict[str, float], tmp_path_factory: pytest.TempPathFactory) ->
 def test_requests_through_nginx_reach_all_four_replicas(stack: Stack) -> None:
     hosts = stack.wait_spread(4, timeout=30)
     assert len(set(hosts)) == 4
-    codec = json.loads(get(stack.port, "/healthz")[1])["codec"]
+    codec = json.loads(http_get(stack.port, "/healthz", _TIMEOUT)[2])["codec"]
     print(f"codec in the image: {codec}")
 
 
