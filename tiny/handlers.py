@@ -189,7 +189,7 @@ class IngestHandler(JSONHandler):
     def prepare(self) -> None:
         self.state.in_flight += 1
         self._counted = True
-        self.check_headers()
+        super().prepare()  # header limits
         if self.request.method != "POST":
             raise APIError(405, "use POST to send records")
         if self.state.draining:  # served during the drain grace; the client should reconnect
@@ -334,5 +334,5 @@ class NotFoundHandler(JSONHandler):
     """Any other path: 404 in the JSON error shape."""
 
     def prepare(self) -> None:
-        self.check_headers()
+        super().prepare()
         raise APIError(404, f"no such endpoint: {self.request.path}")
