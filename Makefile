@@ -40,8 +40,9 @@ sysdeps: ## install nginx, ab, supervisord and chromium (the dashboard test) whe
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    nginx apache2-utils supervisor chromium fonts-dejavu-core >/dev/null; }
 
-check: venv ## ruff and mypy
+check: venv ## ruff (lint and format) and mypy
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 test: venv codec sysdeps check ## the whole suite: cargo's unit tests, the Python codec's run, then everything on the installed codec

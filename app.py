@@ -16,15 +16,15 @@ import sys
 # accepted yet. (As PID 1 in a container, an unhandled SIGTERM would be ignored.)
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
 
-from tiny import config, workers  # noqa: E402
+from tiny import config, prefork  # noqa: E402
 
 
 def main() -> int:
     options = config.parse()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
-    # 4xx are logged by tiny.handlers with their reason; an access line per request costs speed
+    # 4xx are logged by tiny.handlers.base with their reason; an access line per request costs speed
     logging.getLogger("tornado.access").setLevel(logging.ERROR)
-    return workers.serve(options)
+    return prefork.serve(options)
 
 
 if __name__ == "__main__":

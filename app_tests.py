@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 
 from tests.support import Server, batches, record, rows_of, sample_csv, sample_lines
-from tiny.codec import HEADER
+from tiny.layout import HEADER
 
 ROW = re.compile(rb'^"\d{4}-\d{2}-\d{2}","\d{2}:\d{2}:\d{2}",\d+,(?:"[^"\n]*"|NA,?)+.*\d+\n$')
 

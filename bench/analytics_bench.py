@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import http.client
 import io
 import json
 import os
@@ -61,7 +60,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support import SAMPLE_DAY, Server, sample_csv, sample_lines  # noqa: E402
+from tiny.layout import day_path  # noqa: E402
+from tiny.testing import SAMPLE_DAY, Server, request, sample_csv, sample_lines  # noqa: E402
 
 DAY = "2014-05-04"
 INGEST_DAY = "2014-05-05"
@@ -166,7 +166,7 @@ def _engine(name: str, path: Path, runs: int) -> dict[str, Any]:
 
 
 def run_engines(work: Path, runs: int) -> dict[str, Any]:
-    path = work / f"{DAY}.csv"
+    path = day_path(work, DAY)
     path.write_bytes(sample_csv())
     plans = [
         ("polars, 1 thread (used)", "polars", "1"),
@@ -180,8 +180,11 @@ def run_engines(work: Path, runs: int) -> dict[str, Any]:
         command = [sys.executable, __file__, "--engine", engine, "--engine-file", str(path), "--engine-runs", str(runs)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=True)
         out[label] = json.loads(done.stdout)
-        print(f"  engine {label}: cold {out[label]['cold_s'] * 1000:.0f} ms, "
-              f"cached {out[label]['cached_s'] * 1000:.1f} ms", flush=True)
+        print(
+            f"  engine {label}: cold {out[label]['cold_s'] * 1000:.0f} ms, "
+            f"cached {out[label]['cached_s'] * 1000:.1f} ms",
+            flush=True,
+        )
     return out
 
 
@@ -190,13 +193,8 @@ def run_engines(work: Path, runs: int) -> dict[str, Any]:
 
 
 def _get(port: int, path: str, timeout: float = 60.0) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
+    response = request(port, "GET", path, timeout=timeout)
+    return response.status, response.body
 
 
 def _timed(port: int, path: str) -> float:
@@ -240,7 +238,7 @@ def _spread(samples: list[float]) -> dict[str, float]:
 def run_queries(work: Path, repeats: int) -> dict[str, Any]:
     data = work / "data"
     data.mkdir(parents=True)
-    day = data / f"{DAY}.csv"
+    day = day_path(data, DAY)
     day.write_bytes(sample_csv())
     with Server(data, processes=1) as server:
         first = _timed(server.port, f"/api/days/{DAY}/summary?top=6")
@@ -254,8 +252,11 @@ def run_queries(work: Path, repeats: int) -> dict[str, Any]:
                 cold.append(_timed(server.port, path))
                 cached.extend(_timed(server.port, path) for _ in range(5))
             out["endpoints"][name] = {"path": path, "cold": _spread(cold), "cached": _spread(cached)}
-            print(f"  {name:24s} cold {out['endpoints'][name]['cold']['median_ms']:8.1f} ms   "
-                  f"cached {out['endpoints'][name]['cached']['median_ms']:6.2f} ms", flush=True)
+            print(
+                f"  {name:24s} cold {out['endpoints'][name]['cold']['median_ms']:8.1f} ms   "
+                f"cached {out['endpoints'][name]['cached']['median_ms']:6.2f} ms",
+                flush=True,
+            )
     return out
 
 
@@ -282,8 +283,12 @@ class AnalyticsLoad:
         base = f"/api/days/{DAY}"
         if rng.random() < 0.5:  # cached after the first time (until the next bump)
             return "cached", rng.choice(
-                [f"{base}/summary?top=6", f"{base}/whales?top=6", f"{base}/whales/hourly?top=6",
-                 f"{base}/charts/traffic.svg?top=6"]
+                [
+                    f"{base}/summary?top=6",
+                    f"{base}/whales?top=6",
+                    f"{base}/whales/hourly?top=6",
+                    f"{base}/charts/traffic.svg?top=6",
+                ]
             )
         kind = rng.randrange(4)
         if kind == 0:
@@ -344,8 +349,24 @@ def _ab(port: int, body: Path, requests: int, out: Path, seconds: float | None =
     """ab -k -c 8: ``requests`` requests, or as many as fit in ``seconds``."""
     percentiles = out.with_suffix(".csv")
     limit = ["-t", str(int(seconds)), "-n", "10000000"] if seconds else ["-n", str(requests)]
-    command = ["ab", "-k", "-c", "8", *limit, "-s", "30", "-l", "-r", "-e", str(percentiles),
-               "-p", str(body), "-T", "application/x-ndjson", f"http://127.0.0.1:{port}/ingest"]
+    command = [
+        "ab",
+        "-k",
+        "-c",
+        "8",
+        *limit,
+        "-s",
+        "30",
+        "-l",
+        "-r",
+        "-e",
+        str(percentiles),
+        "-p",
+        str(body),
+        "-T",
+        "application/x-ndjson",
+        f"http://127.0.0.1:{port}/ingest",
+    ]
     load_average = os.getloadavg()[0]
     before = _busy_cpu()
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -382,7 +403,7 @@ def _ingest_body(path: Path) -> Path:
 @contextlib.contextmanager
 def _fresh_server(work: Path, env: dict[str, str]) -> Iterator[Server]:
     data = Path(tempfile.mkdtemp(prefix="data-", dir=work))
-    (data / f"{DAY}.csv").write_bytes(sample_csv())
+    (day_path(data, DAY)).write_bytes(sample_csv())
     try:
         with Server(data, processes=0, env=env) as server:
             yield server
@@ -400,7 +421,7 @@ def _one_run(work: Path, arm: str, body: Path, seconds: float, threads: int, ab_
         status, data = _get(server.port, f"/api/days/{DAY}/whales?top=100")
         whales = [w["ip_id"] for w in json.loads(data)["whales"]]
         ip_ids = sorted({int(line.rsplit(b",", 1)[1]) for line in sample_csv().splitlines()[1:]})
-        load = AnalyticsLoad(server.port, server.data_dir / f"{DAY}.csv", threads, ip_ids, whales)
+        load = AnalyticsLoad(server.port, day_path(server.data_dir, DAY), threads, ip_ids, whales)
         with load:
             time.sleep(1.0)  # every worker's pool is up and busy
             alone = load.count()
@@ -429,10 +450,15 @@ def run_ingest(work: Path, rounds: int, seconds: float, threads: int, arms: list
             runs.append(run)
             extra = ""
             if "analytics" in run:
-                extra = (f", analytics {run['analytics']['alone_requests_per_s']} req/s alone, "
-                         f"{run['analytics']['during_ingest_requests_per_s']} during")
-            print(f"  round {number} {arm:28s} p99 {run['p99_ms']:7.1f} ms  p50 {run['p50_ms']:6.1f} ms  "
-                  f"{run['requests_per_s']:7.1f} req/s  busy {run['machine_busy']:.2f}{extra}", flush=True)
+                extra = (
+                    f", analytics {run['analytics']['alone_requests_per_s']} req/s alone, "
+                    f"{run['analytics']['during_ingest_requests_per_s']} during"
+                )
+            print(
+                f"  round {number} {arm:28s} p99 {run['p99_ms']:7.1f} ms  p50 {run['p50_ms']:6.1f} ms  "
+                f"{run['requests_per_s']:7.1f} req/s  busy {run['machine_busy']:.2f}{extra}",
+                flush=True,
+            )
     summary: dict[str, Any] = {}
     for arm in arms:
         mine = [r for r in runs if r["arm"] == arm]
@@ -449,8 +475,14 @@ def run_ingest(work: Path, rounds: int, seconds: float, threads: int, arms: list
         summary[arm]["p99_vs_baseline"] = round(summary[arm]["p99_ms_median"] / base, 3)
         summary[arm]["p99_vs_baseline_same_round_median"] = round(statistics.median(paired), 3)
         summary[arm]["within_20_percent"] = summary[arm]["p99_vs_baseline_same_round_median"] <= 1.2
-    return {"body_records": BODY_RECORDS, "body_bytes": body.stat().st_size, "concurrency": 8,
-            "load_threads": threads, "runs": runs, "summary": summary}
+    return {
+        "body_records": BODY_RECORDS,
+        "body_bytes": body.stat().st_size,
+        "concurrency": 8,
+        "load_threads": threads,
+        "runs": runs,
+        "summary": summary,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,8 +496,9 @@ def draw(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ingest, queries = results.get("ingest"), results.get("queries")
-    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained",
-                                         gridspec_kw={"width_ratios": [1, 1.3]})
+    figure, (left, right) = plt.subplots(
+        1, 2, figsize=(13, 5), layout="constrained", gridspec_kw={"width_ratios": [1, 1.3]}
+    )
     if ingest:
         arms = list(ingest["summary"])
         medians = [ingest["summary"][a]["p99_ms_median"] for a in arms]
@@ -479,9 +512,13 @@ def draw(results: dict[str, Any], path: Path) -> None:
         labels = [a.replace(" (default)", "\n(default)").replace(", ", "\n") for a in arms]
         left.set_xticks(range(len(arms)), ["no analytics" if a == "baseline" else a for a in labels], fontsize=8)
         left.set_ylabel("ingest p99 latency (ms)")
-        left.set_title(f"Ingest p99, ab -k -c 8, {ingest['body_records']:,}-record bodies\n"
-                       f"alone vs with {ingest['load_threads']} analytics clients at full tilt "
-                       "(bars: median; dots: rounds)", fontsize=10, loc="left")
+        left.set_title(
+            f"Ingest p99, ab -k -c 8, {ingest['body_records']:,}-record bodies\n"
+            f"alone vs with {ingest['load_threads']} analytics clients at full tilt "
+            "(bars: median; dots: rounds)",
+            fontsize=10,
+            loc="left",
+        )
     if queries:
         names = list(queries["endpoints"])
         cold = [queries["endpoints"][n]["cold"]["median_ms"] for n in names]
@@ -521,9 +558,13 @@ def main() -> int:
     parser.add_argument("--load-threads", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=7, help="cold queries per endpoint")
     parser.add_argument("--only", choices=["engines", "queries", "ingest"])
-    parser.add_argument("--nice", type=int, default=-10,
-                        help="niceness of this process and so of the servers and ab it starts (default -10, "
-                             "when permitted: other tenants' jobs then disturb less; the pool's nice is relative)")
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=-10,
+        help="niceness of this process and so of the servers and ab it starts (default -10, "
+        "when permitted: other tenants' jobs then disturb less; the pool's nice is relative)",
+    )
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--engine-file", help=argparse.SUPPRESS)
     parser.add_argument("--engine-runs", type=int, default=5, help=argparse.SUPPRESS)
@@ -546,8 +587,7 @@ def main() -> int:
     steps: dict[str, Callable[[Path], Any]] = {
         "engines": lambda work: run_engines(work, 3 if args.quick else 7),
         "queries": lambda work: run_queries(work, args.repeats),
-        "ingest": lambda work: run_ingest(work, args.rounds, args.seconds, args.load_threads,
-                                          ["baseline", *VARIANTS]),
+        "ingest": lambda work: run_ingest(work, args.rounds, args.seconds, args.load_threads, ["baseline", *VARIANTS]),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="analytics-bench-") as scratch:

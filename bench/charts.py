@@ -86,8 +86,12 @@ def throughput(points: list[Point], body: str, out: Path) -> Path | None:
         for config, ps in by_config.items():
             chosen = sorted((p for p in ps if p["keepalive"] == keepalive), key=lambda p: p["concurrency"])
             if chosen:
-                ax.plot([p["concurrency"] for p in chosen], [p["records_per_s"] for p in chosen], label=config,
-                        **_style(config))
+                ax.plot(
+                    [p["concurrency"] for p in chosen],
+                    [p["records_per_s"] for p in chosen],
+                    label=config,
+                    **_style(config),
+                )
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({p["concurrency"] for ps in by_config.values() for p in ps}))
         ax.get_xaxis().set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
@@ -109,8 +113,13 @@ def throughput(points: list[Point], body: str, out: Path) -> Path | None:
 
 def latency(points: list[Point], body: str, out: Path, concurrency: int = 16) -> Path | None:
     by_config = sweep(points, body)
-    rows = {config: {k: next((p for p in ps if p["concurrency"] == concurrency and p["keepalive"] == k), None)
-                     for k in (True, False)} for config, ps in by_config.items()}
+    rows = {
+        config: {
+            k: next((p for p in ps if p["concurrency"] == concurrency and p["keepalive"] == k), None)
+            for k in (True, False)
+        }
+        for config, ps in by_config.items()
+    }
     rows = {c: r for c, r in rows.items() if any(r.values())}
     if not rows:
         return None
@@ -120,10 +129,20 @@ def latency(points: list[Point], body: str, out: Path, concurrency: int = 16) ->
     for ax, keepalive in zip(axes, (True, False), strict=True):
         for i, (key, shade) in enumerate((("p50_ms", "#9ecae1"), ("p90_ms", "#4292c6"), ("p99_ms", "#08519c"))):
             values = [(rows[c][keepalive] or {}).get(key) or 0 for c in names]
-            ax.barh([y + (i - 1) * width for y in range(len(names))], values, height=width, color=shade,
-                    label=key.replace("_ms", ""))
-        ax.axvline(SEED_MEAN_MS, color="#d62728", linestyle="--", linewidth=1.2,
-                   label=f"the seed's mean at c=16 on 8 cores ({SEED_MEAN_MS} ms)")
+            ax.barh(
+                [y + (i - 1) * width for y in range(len(names))],
+                values,
+                height=width,
+                color=shade,
+                label=key.replace("_ms", ""),
+            )
+        ax.axvline(
+            SEED_MEAN_MS,
+            color="#d62728",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"the seed's mean at c=16 on 8 cores ({SEED_MEAN_MS} ms)",
+        )
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         ax.set_xlabel("latency, ms (log scale)")
@@ -201,10 +220,16 @@ def codec(path: Path, out: Path) -> Path | None:
     shades = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"]
     for i, kind in enumerate(kinds):
         values = [(results[v].get(kind) or {}).get("median", 0) for v in names]
-        bars = ax.barh([y + (i - (len(kinds) - 1) / 2) * height for y in range(len(names))], values, height=height,
-                       label=kind, color=shades[i % len(shades)])
-        ax.bar_label(bars, labels=[f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.0f}k" for v in values],
-                     padding=3, fontsize=8)
+        bars = ax.barh(
+            [y + (i - (len(kinds) - 1) / 2) * height for y in range(len(names))],
+            values,
+            height=height,
+            label=kind,
+            color=shades[i % len(shades)],
+        )
+        ax.bar_label(
+            bars, labels=[f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.0f}k" for v in values], padding=3, fontsize=8
+        )
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()  # fastest on top, the first kind above the second
     ax.set_xscale("log")
@@ -241,8 +266,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"cannot read {args.results}: {exc} (run bench/run.py first)", file=sys.stderr)
         points = []
-    made = [throughput(points, args.body, args.out), latency(points, args.body, args.out),
-            cpu_cost(points, args.body, args.out), headline(points, args.out)]
+    made = [
+        throughput(points, args.body, args.out),
+        latency(points, args.body, args.out),
+        cpu_cost(points, args.body, args.out),
+        headline(points, args.out),
+    ]
     if args.codec.exists():
         made.append(codec(args.codec, args.out))
     for path in made:

@@ -45,10 +45,12 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tiny.codec import COLUMNS, Batch, encode_reference, undecodable  # noqa: E402
+from tiny.codec import Batch, encode_reference, undecodable  # noqa: E402
 from tiny.cranlog import ndjson_lines  # noqa: E402
+from tiny.layout import COLUMNS  # noqa: E402
+from tiny.testing import SAMPLE_DAY  # noqa: E402
 
-SAMPLE = REPO.parent / "shared/data/cran-logs/2014-05-04.csv.gz"
+SAMPLE = SAMPLE_DAY
 FIELDNAMES = list(COLUMNS)
 
 Codec = Callable[[bytes], Any]
@@ -170,8 +172,10 @@ def main() -> None:
 
     kinds = list(bodies)
     seed = results["seed"]
-    print(f"\nCodec, records/s (median of {args.repeats}; bodies of {args.records:,} records, "
-          f"{len(bodies[kinds[0]])} per pass)\n")
+    print(
+        f"\nCodec, records/s (median of {args.repeats}; bodies of {args.records:,} records, "
+        f"{len(bodies[kinds[0]])} per pass)\n"
+    )
     print("| variant | " + " | ".join(kinds) + " | " + " | ".join(f"x seed ({k})" for k in kinds) + " |")
     print("|---|" + "---:|" * (2 * len(kinds)))
     for name, by_kind in results.items():

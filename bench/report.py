@@ -111,8 +111,14 @@ def paired(results: Results, experiment: str, a: str, b: str, key: str = "record
     by_round = {p["round"]: p for p in pb}
     per_round = [ratio(p[key], by_round[p["round"]][key]) for p in pa if p["round"] in by_round]
     ma, mb = median(p[key] for p in pa), median(p[key] for p in pb)
-    return {"a": ma, "b": mb, "ratio": ratio(ma, mb), "rounds": [r for r in per_round if r is not None],
-            "a_points": pa, "b_points": pb}
+    return {
+        "a": ma,
+        "b": mb,
+        "ratio": ratio(ma, mb),
+        "rounds": [r for r in per_round if r is not None],
+        "a_points": pa,
+        "b_points": pb,
+    }
 
 
 def _verdict(ok: bool | None) -> str:
@@ -134,25 +140,55 @@ def headlines(results: Results) -> str:
             shown = f"{cmp['ratio']:.2f}x ({fmt_rate(cmp['a'])} vs {fmt_rate(cmp['b'])} records/s)"
         rows.append([what, target, shown, rounds, _verdict(ok(cmp["ratio"]) if cmp["ratio"] else None)])
 
-    add("tiny-1 vs seed-1, c=8 -k, 1,600-record bodies", ">= 10x (goal 15x)",
-        paired(results, "key", "tiny-1", "seed-1"), lambda r: r >= 10)
-    add("same runs: server CPU per record, seed-1 / tiny-1", ">= 10x per core",
-        paired(results, "key", "seed-1", "tiny-1", "cpu_s_per_million"), lambda r: r >= 10, cost=True)
+    add(
+        "tiny-1 vs seed-1, c=8 -k, 1,600-record bodies",
+        ">= 10x (goal 15x)",
+        paired(results, "key", "tiny-1", "seed-1"),
+        lambda r: r >= 10,
+    )
+    add(
+        "same runs: server CPU per record, seed-1 / tiny-1",
+        ">= 10x per core",
+        paired(results, "key", "seed-1", "tiny-1", "cpu_s_per_million"),
+        lambda r: r >= 10,
+        cost=True,
+    )
     add("tiny-1 vs HTTP floor-1, same run", "(reference)", paired(results, "key", "tiny-1", "floor-1"), lambda r: None)
     add(f"tiny-{n} vs tiny-1, c=16 -k", ">= 1.8x", paired(results, "scale", f"tiny-{n}", "tiny-1"), lambda r: r >= 1.8)
-    add(f"nginx-{n} vs tiny-{n}, c=16 -k", ">= 0.9x (within 10%)",
-        paired(results, "nginx", f"nginx-{n}", f"tiny-{n}"), lambda r: r >= 0.9)
-    add(f"nginx-{n}, proxy_request_buffering off vs on", "(choice)",
-        paired(results, "nginx", f"nginx-{n}-nobuf", f"nginx-{n}"), lambda r: None)
-    for experiment, config, keep in (("latency", f"tiny-{n}", ""), ("latency", "tiny-1", ""),
-                                     ("scale", f"tiny-{n}", " -k"), ("scale", "tiny-1", " -k")):
+    add(
+        f"nginx-{n} vs tiny-{n}, c=16 -k",
+        ">= 0.9x (within 10%)",
+        paired(results, "nginx", f"nginx-{n}", f"tiny-{n}"),
+        lambda r: r >= 0.9,
+    )
+    add(
+        f"nginx-{n}, proxy_request_buffering off vs on",
+        "(choice)",
+        paired(results, "nginx", f"nginx-{n}-nobuf", f"nginx-{n}"),
+        lambda r: None,
+    )
+    for experiment, config, keep in (
+        ("latency", f"tiny-{n}", ""),
+        ("latency", "tiny-1", ""),
+        ("scale", f"tiny-{n}", " -k"),
+        ("scale", "tiny-1", " -k"),
+    ):
         points = _rounds(results, experiment, config)
         p99 = median(p["p99_ms"] for p in points)
         each = ", ".join(fmt(p["p99_ms"]) for p in points)
-        rows.append([f"p99 of {config}, c=16{keep}", f"< {SEED_MEAN_MS} ms", fmt(p99, 1, " ms"), each,
-                     _verdict(None if p99 is None else p99 < SEED_MEAN_MS)])
-    note = ("Medians over the rounds of interleaved runs (arms alternate, order reversed every other round, "
-            "all servers up at once); the per-round column gives each round's ratio (or p99 in ms).")
+        rows.append(
+            [
+                f"p99 of {config}, c=16{keep}",
+                f"< {SEED_MEAN_MS} ms",
+                fmt(p99, 1, " ms"),
+                each,
+                _verdict(None if p99 is None else p99 < SEED_MEAN_MS),
+            ]
+        )
+    note = (
+        "Medians over the rounds of interleaved runs (arms alternate, order reversed every other round, "
+        "all servers up at once); the per-round column gives each round's ratio (or p99 in ms)."
+    )
     return table(["what", "target", "measured", "per round", "verdict"], rows, "llrrl") + "\n\n" + note
 
 
@@ -163,19 +199,46 @@ def cost_of_headlines(results: Results) -> str:
         for config in dict.fromkeys(p["config"] for p in results.select(experiment)):
             points = _rounds(results, experiment, config)
             first = points[0]
-            roles = {role: median(p["cpu_by_role"].get(role, 0) / max(p["wall_s"], 1e-9) for p in points)
-                     for role in first.get("cpu_by_role", {})}
-            rows.append([experiment, config, f"c={first['concurrency']}{' -k' if first['keepalive'] else ''}",
-                         fmt_rate(median(p["records_per_s"] for p in points)),
-                         fmt(median(p["cpu_s_per_million"] for p in points), 2),
-                         fmt(median(p["busiest_process_share"] for p in points), 2),
-                         " / ".join(f"{k} {fmt(v, 2)}" for k, v in roles.items()),
-                         fmt(median(p["ab_cpu_s"] / max(p["wall_s"], 1e-9) for p in points), 2),
-                         fmt(median(p["other_cpu_s"] / max(p["wall_s"], 1e-9) for p in points), 2)])
-    note = ("Cores busy = CPU-seconds during the point / its wall time (medians over the rounds); "
-            "other load = the machine's busy CPU minus the servers and ab (other work on the machine).")
-    return table(["experiment", "config", "ab", "records/s", "CPU-s per M records", "busiest process",
-                  "server cores busy", "ab cores", "other load (cores)"], rows, "lllrrrlrr") + "\n\n" + note
+            roles = {
+                role: median(p["cpu_by_role"].get(role, 0) / max(p["wall_s"], 1e-9) for p in points)
+                for role in first.get("cpu_by_role", {})
+            }
+            rows.append(
+                [
+                    experiment,
+                    config,
+                    f"c={first['concurrency']}{' -k' if first['keepalive'] else ''}",
+                    fmt_rate(median(p["records_per_s"] for p in points)),
+                    fmt(median(p["cpu_s_per_million"] for p in points), 2),
+                    fmt(median(p["busiest_process_share"] for p in points), 2),
+                    " / ".join(f"{k} {fmt(v, 2)}" for k, v in roles.items()),
+                    fmt(median(p["ab_cpu_s"] / max(p["wall_s"], 1e-9) for p in points), 2),
+                    fmt(median(p["other_cpu_s"] / max(p["wall_s"], 1e-9) for p in points), 2),
+                ]
+            )
+    note = (
+        "Cores busy = CPU-seconds during the point / its wall time (medians over the rounds); "
+        "other load = the machine's busy CPU minus the servers and ab (other work on the machine)."
+    )
+    return (
+        table(
+            [
+                "experiment",
+                "config",
+                "ab",
+                "records/s",
+                "CPU-s per M records",
+                "busiest process",
+                "server cores busy",
+                "ab cores",
+                "other load (cores)",
+            ],
+            rows,
+            "lllrrrlrr",
+        )
+        + "\n\n"
+        + note
+    )
 
 
 # --------------------------------------------------------------------------- sweep
@@ -206,18 +269,39 @@ def detail_rows(results: Results, points: Iterable[Point]) -> list[list[str]]:
     for p in points:
         seed = results.baseline("seed-1", p)
         floor = results.baseline(results.floor_for(p["config"]), p)
-        rows.append([p["config"], p["body"], f"{p['concurrency']}{' -k' if p['keepalive'] else ''}",
-                     fmt_rate(p["records_per_s"]),
-                     fmt(ratio(p["records_per_s"], seed["records_per_s"] if seed else None), 1),
-                     fmt(ratio(p["records_per_s"], floor["records_per_s"] if floor else None), 2),
-                     fmt(p["p50_ms"]), fmt(p["p99_ms"]), fmt(p["cpu_s_per_million"], 2),
-                     fmt(p["busiest_process_share"], 2), str(p["failed"] + p["non2xx"]),
-                     fmt(p["other_cpu_s"] / max(p["wall_s"], 1e-9), 2)])
+        rows.append(
+            [
+                p["config"],
+                p["body"],
+                f"{p['concurrency']}{' -k' if p['keepalive'] else ''}",
+                fmt_rate(p["records_per_s"]),
+                fmt(ratio(p["records_per_s"], seed["records_per_s"] if seed else None), 1),
+                fmt(ratio(p["records_per_s"], floor["records_per_s"] if floor else None), 2),
+                fmt(p["p50_ms"]),
+                fmt(p["p99_ms"]),
+                fmt(p["cpu_s_per_million"], 2),
+                fmt(p["busiest_process_share"], 2),
+                str(p["failed"] + p["non2xx"]),
+                fmt(p["other_cpu_s"] / max(p["wall_s"], 1e-9), 2),
+            ]
+        )
     return rows
 
 
-_DETAIL_HEADER = ["config", "body", "c", "records/s", "x seed-1", "x floor", "p50 ms", "p99 ms", "CPU-s/M",
-                  "busiest", "failed", "other load"]
+_DETAIL_HEADER = [
+    "config",
+    "body",
+    "c",
+    "records/s",
+    "x seed-1",
+    "x floor",
+    "p50 ms",
+    "p99 ms",
+    "CPU-s/M",
+    "busiest",
+    "failed",
+    "other load",
+]
 
 
 def details(results: Results, concurrency: int) -> str:
@@ -233,67 +317,128 @@ def cost_table(results: Results) -> str:
         for body in bodies:
             points = results.select("sweep", config=config, body=body)
             costs = [p["cpu_s_per_million"] for p in points if p["cpu_s_per_million"] is not None]
-            rows.append([config, body, fmt(median(costs), 2), fmt(min(costs, default=None), 2),
-                         fmt(max(costs, default=None), 2), str(len(points))])
+            rows.append(
+                [
+                    config,
+                    body,
+                    fmt(median(costs), 2),
+                    fmt(min(costs, default=None), 2),
+                    fmt(max(costs, default=None), 2),
+                    str(len(points)),
+                ]
+            )
     return table(["config", "body", "median CPU-s per M records", "min", "max", "points"], rows, "llrrrr")
 
 
 def sink_table(sink: dict[str, Any] | None) -> str | None:
     if not sink:
         return None
-    rows = [[r["strategy"], r["durability"], f"{r['appends_per_s']:,.0f}", fmt(r["mb_per_s"]), fmt(r["cpu_s"], 3),
-             fmt(r["append_p50_ms"], 2), fmt(r["append_p99_ms"], 2), fmt(r["loop_lag_p99_ms"], 2),
-             fmt(r["loop_lag_max_ms"], 2)] for r in sink["rows"]]
+    rows = [
+        [
+            r["strategy"],
+            r["durability"],
+            f"{r['appends_per_s']:,.0f}",
+            fmt(r["mb_per_s"]),
+            fmt(r["cpu_s"], 3),
+            fmt(r["append_p50_ms"], 2),
+            fmt(r["append_p99_ms"], 2),
+            fmt(r["loop_lag_p99_ms"], 2),
+            fmt(r["loop_lag_max_ms"], 2),
+        ]
+        for r in sink["rows"]
+    ]
     params = sink.get("params", {})
-    head = (f"{params.get('clients')} coroutines x {params.get('appends_per_client')} appends of "
-            f"{params.get('chunk_bytes', 0) // 1024} KiB (a third as many with fsync), {params.get('work_us')} us of "
-            f"CPU on the loop before each; medians of {params.get('repeats')} interleaved runs.")
-    return head + "\n\n" + table(["sink", "durability", "appends/s", "MB/s", "CPU-s", "append p50 ms",
-                                  "append p99 ms", "loop lag p99 ms", "loop lag max ms"], rows, "llrrrrrrr")
+    head = (
+        f"{params.get('clients')} coroutines x {params.get('appends_per_client')} appends of "
+        f"{params.get('chunk_bytes', 0) // 1024} KiB (a third as many with fsync), {params.get('work_us')} us of "
+        f"CPU on the loop before each; medians of {params.get('repeats')} interleaved runs."
+    )
+    return (
+        head
+        + "\n\n"
+        + table(
+            [
+                "sink",
+                "durability",
+                "appends/s",
+                "MB/s",
+                "CPU-s",
+                "append p50 ms",
+                "append p99 ms",
+                "loop lag p99 ms",
+                "loop lag max ms",
+            ],
+            rows,
+            "llrrrrrrr",
+        )
+    )
 
 
 def machine(results: Results) -> str:
     m = results.data.get("machine", {})
-    return "\n".join([
-        f"- CPU: {m.get('cpu')}, {m.get('cores')} cores ({m.get('usable_cores')} usable), "
-        f"{m.get('memory_gib')} GiB; Linux {m.get('kernel')}",
-        f"- Python {m.get('python')}, Tornado {m.get('tornado')}, orjson {m.get('orjson')}, codec installed: "
-        f"{m.get('codec_installed')}; {m.get('ab')}; {m.get('nginx')}",
-        f"- commit {m.get('git_commit')}, {m.get('date')}; load average at start {' '.join(m.get('loadavg', []))}, "
-        f"at end {' '.join(m.get('loadavg_end', []))}",
-        f"- {results.data.get('seconds_per_point')} s per point, {results.data.get('rounds')} rounds per "
-        f"interleaved experiment; ab runs on the same cores as the servers",
-        *(f"- merged later (`--merge`): {', '.join('/'.join(r) for r in run['redone']) or 'sink only'}, "
-          f"{run['machine'].get('date')}, codec {run['machine'].get('codec_installed')}, load average at start "
-          f"{' '.join(run['machine'].get('loadavg', []))}" for run in results.data.get("merged_runs", [])),
-    ])
+    return "\n".join(
+        [
+            f"- CPU: {m.get('cpu')}, {m.get('cores')} cores ({m.get('usable_cores')} usable), "
+            f"{m.get('memory_gib')} GiB; Linux {m.get('kernel')}",
+            f"- Python {m.get('python')}, Tornado {m.get('tornado')}, orjson {m.get('orjson')}, codec installed: "
+            f"{m.get('codec_installed')}; {m.get('ab')}; {m.get('nginx')}",
+            f"- commit {m.get('git_commit')}, {m.get('date')}; load average at start {' '.join(m.get('loadavg', []))}, "
+            f"at end {' '.join(m.get('loadavg_end', []))}",
+            f"- {results.data.get('seconds_per_point')} s per point, {results.data.get('rounds')} rounds per "
+            f"interleaved experiment; ab runs on the same cores as the servers",
+            *(
+                f"- merged later (`--merge`): {', '.join('/'.join(r) for r in run['redone']) or 'sink only'}, "
+                f"{run['machine'].get('date')}, codec {run['machine'].get('codec_installed')}, load average at start "
+                f"{' '.join(run['machine'].get('loadavg', []))}"
+                for run in results.data.get("merged_runs", [])
+            ),
+        ]
+    )
 
 
 def render(results: Results, all_points: bool = False) -> str:
     """The whole markdown report."""
-    parts = ["## Machine", machine(results), "## Headline ratios", headlines(results),
-             "### Server cost of the headline runs", cost_of_headlines(results)]
+    parts = [
+        "## Machine",
+        machine(results),
+        "## Headline ratios",
+        headlines(results),
+        "### Server cost of the headline runs",
+        cost_of_headlines(results),
+    ]
     bodies = list(dict.fromkeys(p["body"] for p in results.select("sweep")))
     for body in bodies:
         for keepalive in (True, False):
             rendered = by_concurrency(results, body, keepalive)
             if rendered:
                 records = next(p["records_per_body"] for p in results.select("sweep", body=body))
-                parts += [f"## records/s by concurrency: body {body} ({records:,} records), "
-                          f"{'ab -k' if keepalive else 'no keep-alive'} (x seed-1 at the same point)", rendered]
+                parts += [
+                    f"## records/s by concurrency: body {body} ({records:,} records), "
+                    f"{'ab -k' if keepalive else 'no keep-alive'} (x seed-1 at the same point)",
+                    rendered,
+                ]
     for c in (8, 16):
         if results.select("sweep", concurrency=c):
             parts += [f"## Every sweep point at c={c}", details(results, c)]
     if results.select("sweep"):
-        parts += ["## CPU-seconds per million records (all sweep points of a configuration and body)",
-                  cost_table(results)]
+        parts += [
+            "## CPU-seconds per million records (all sweep points of a configuration and body)",
+            cost_table(results),
+        ]
     sink = sink_table(results.data.get("sink"))
     if sink:
         parts += ["## Sink: blocking vs aiofiles vs thread pool (bench/sink_bench.py)", sink]
     if all_points:
-        parts += ["## All points", table(["experiment", "round", *_DETAIL_HEADER, "ab command"], (
-            [p["experiment"], str(p["round"]), *row, f"`{p['ab_command']}`"]
-            for p, row in zip(results.points, detail_rows(results, results.points), strict=True)))]
+        parts += [
+            "## All points",
+            table(
+                ["experiment", "round", *_DETAIL_HEADER, "ab command"],
+                (
+                    [p["experiment"], str(p["round"]), *row, f"`{p['ab_command']}`"]
+                    for p, row in zip(results.points, detail_rows(results, results.points), strict=True)
+                ),
+            ),
+        ]
     return "\n\n".join(parts) + "\n"
 
 

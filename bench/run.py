@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import csv
 import gzip
+import http.client
 import itertools
 import json
 import os
@@ -53,12 +54,10 @@ import resource
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,13 +70,20 @@ sys.path.insert(0, str(ROOT))
 
 from tiny.config import usable_cpus  # noqa: E402
 from tiny.cranlog import ndjson_lines  # noqa: E402
+from tiny.testing import (  # noqa: E402
+    SAMPLE_DAY,
+    Server,
+    compose_command,
+    docker_unavailable,
+    free_port,
+    request,
+    server_env,
+)
 
-SAMPLE_DAY = ROOT.parent / "shared" / "data" / "cran-logs" / "2014-05-04.csv.gz"
 RESULTS = ROOT / "bench" / "results"
 PYTHON = sys.executable
 CORES = usable_cpus()
 CONCURRENCY = (1, 2, 4, 8, 16)
-_LISTENING = re.compile(r"listening on http://([^:\s]+):(\d+)")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -191,96 +197,16 @@ def _children_cpu() -> float:
 # --------------------------------------------------------------------------- processes
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for servers that need a fixed port)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def http_get(url: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]]:
-    """GET a JSON endpoint; (status, decoded body) or raises OSError."""
+def healthz(port: int, timeout: float = 2.0) -> tuple[int, dict[str, Any]]:
+    """GET /healthz: (status, decoded body); raises OSError when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        return exc.code, {}
-
-
-def _clean_env(extra: dict[str, str]) -> dict[str, str]:
-    """The environment for a server: ours without TINY_* (a user's TINY_TOKEN would 401 every
-    request), plus ``extra``."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("TINY_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return {**env, **extra}
-
-
-class Process:
-    """A server subprocess in its own session, its output in a log file.
-
-    ``stop()`` sends ``stop_signal`` to the process (or its whole group with ``group=True``),
-    waits, then SIGKILLs whatever is left in the group. Safe to call twice.
-    """
-
-    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 stop_signal: int = signal.SIGTERM, group: bool = False) -> None:
-        self.name = name
-        self.argv = argv
-        self.log_path = log_path
-        self.env = _clean_env(env or {})
-        self.stop_signal = stop_signal
-        self.group = group
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Process:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def wait_for_port(self, timeout: float = 30.0) -> int:
-        """The port from the server's ``listening on http://HOST:PORT`` line."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = _LISTENING.search(self.log())
-            if match:
-                return int(match.group(2))
-            if self.proc is not None and self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} did not start:\n{self.log()[-3000:]}")
-
-    def stop(self, timeout: float = 15.0) -> int | None:
-        if self.proc is None:
-            return None
-        code = None
-        try:
-            if self.proc.poll() is None:
-                if self.group:
-                    os.killpg(self.proc.pid, self.stop_signal)
-                else:
-                    self.proc.send_signal(self.stop_signal)
-            code = self.proc.wait(timeout)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            pass
-        finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)  # forked children of this server only
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(5)
-        return code
+        response = request(port, "GET", "/healthz", timeout=timeout)
+    except http.client.HTTPException as exc:
+        raise OSError(str(exc)) from exc
+    try:
+        return response.status, json.loads(response.body or b"{}")
+    except ValueError:
+        return response.status, {}
 
 
 class Service:
@@ -302,54 +228,45 @@ class Service:
 
 
 class LocalServer(Service):
-    """One ``app.py``, ``bench/seed_server.py`` or ``bench/floor_server.py`` on 127.0.0.1."""
+    """One ``app.py``, ``bench/seed_server.py`` or ``bench/floor_server.py`` on 127.0.0.1 (tiny.testing.Server)."""
 
-    def __init__(self, name: str, script: str, processes: int, data_dir: Path | None, args: Sequence[str] = (),
-                 env: dict[str, str] | None = None, logs: Path = RESULTS / "logs") -> None:
-        argv = [PYTHON, str(ROOT / script), "--port", "0", "--processes", str(processes), *args]
-        if data_dir is not None:
-            argv += ["--data-dir", str(data_dir)]
-        graceful = script == "app.py"  # tiny drains on SIGTERM; the others: signal the group
-        self.process = Process(name, argv, logs / f"{name}.log", env, signal.SIGTERM, group=not graceful)
+    def __init__(
+        self,
+        name: str,
+        script: str,
+        processes: int,
+        data_dir: Path | None,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        logs: Path = RESULTS / "logs",
+    ) -> None:
+        self.server = Server(
+            data_dir, *args, processes=processes, env=env, script=ROOT / script, log_path=logs / f"{name}.log"
+        )
         self.name = name
         self.processes = processes
         self.data_dir = data_dir
-        self.tiny = graceful
+        self.tiny = script == "app.py"
         self.info = {}
 
     def start(self, timeout: float = 30.0) -> LocalServer:
-        self.process.start()
-        try:
-            port = self.process.wait_for_port(timeout)
-            self.url = f"http://127.0.0.1:{port}/ingest"
-            self._wait_ready(port, timeout)
-        except BaseException:
-            self.process.stop()
-            raise
+        self.server.start(timeout)
+        self.url = f"http://127.0.0.1:{self.server.port}/ingest"
+        self.info = {"codec": healthz(self.server.port)[1].get("codec")}
+        time.sleep(0.2 if self.processes == 1 else 0.5)  # forked children: all of them accepting
         return self
 
-    def _wait_ready(self, port: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ready = not self.tiny or self.processes == 1 or self.process.log().count(" ready (codec ") >= self.processes
-            try:
-                status, body = http_get(f"http://127.0.0.1:{port}/healthz")
-            except OSError:
-                status, body = 0, {}
-            if ready and status == 200:
-                self.info = {"codec": body.get("codec"), "healthz": body}
-                time.sleep(0.2 if self.processes == 1 else 0.5)  # forked children: all of them accepting
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} never became ready:\n{self.process.log()[-3000:]}")
-
     def roots(self) -> list[int]:
-        return [self.process.pid]
+        return [self.server.pid]
 
     def stop(self) -> None:
-        code = self.process.stop()
+        try:
+            code = self.server.stop() if self.server.proc is not None else None
+        except subprocess.TimeoutExpired:
+            code = None
+        self.server.kill()  # the seed's and floor's forked children too
         if self.tiny and code not in (0, None):
-            print(f"  note: {self.name} exited with {code} on SIGTERM (see {self.process.log_path})", file=sys.stderr)
+            print(f"  note: {self.name} exited with {code} on SIGTERM (see {self.server.log_path})", file=sys.stderr)
 
 
 _NGINX_INLINE_PROXY = """
@@ -417,8 +334,16 @@ def nginx_config(prefix: Path, port: int, upstreams: Sequence[int], workers: int
 class NginxFront(Service):
     """nginx on a free port over ``instances`` single-process tiny servers sharing one data dir."""
 
-    def __init__(self, name: str, instances: int, data_dir: Path, workers: int, buffering: bool,
-                 env: dict[str, str] | None = None, logs: Path = RESULTS / "logs") -> None:
+    def __init__(
+        self,
+        name: str,
+        instances: int,
+        data_dir: Path,
+        workers: int,
+        buffering: bool,
+        env: dict[str, str] | None = None,
+        logs: Path = RESULTS / "logs",
+    ) -> None:
         self.name = name
         self.data_dir = data_dir
         self.scratch = data_dir.parent
@@ -426,7 +351,7 @@ class NginxFront(Service):
         self.workers = workers
         self.buffering = buffering
         self.logs = logs
-        self.nginx: Process | None = None
+        self.nginx: subprocess.Popen[bytes] | None = None
         self.prefix: Path | None = None
         self.info = {}
 
@@ -440,8 +365,17 @@ class NginxFront(Service):
             conf = self.prefix / "nginx.conf"
             conf.write_text(nginx_config(self.prefix, port, upstreams, self.workers, self.buffering))
             argv = ["nginx", "-p", str(self.prefix), "-c", str(conf), "-e", str(self.prefix / "error.log")]
-            self.nginx = Process(f"{self.name}-nginx", argv, self.logs / f"{self.name}-nginx.log",
-                                 stop_signal=signal.SIGQUIT).start()
+            self.logs.mkdir(parents=True, exist_ok=True)
+            with open(self.logs / f"{self.name}-nginx.log", "wb") as log:
+                self.nginx = subprocess.Popen(
+                    argv,
+                    cwd=ROOT,
+                    env=server_env(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             self.url = f"http://127.0.0.1:{port}/ingest"
             self._wait(port)
         except BaseException:
@@ -453,55 +387,36 @@ class NginxFront(Service):
     def _wait(self, port: int, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.nginx is not None and self.nginx.proc is not None
-            if self.nginx.proc.poll() is not None:
+            assert self.nginx is not None
+            if self.nginx.poll() is not None:
                 break
             with contextlib.suppress(OSError):
-                if http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200:
+                if healthz(port)[0] == 200:
                     return
             time.sleep(0.05)
         error_log = self.prefix / "error.log" if self.prefix else None
         errors = error_log.read_text() if error_log and error_log.exists() else ""
-        raise RuntimeError(f"nginx did not start: {self.nginx.log() if self.nginx else ''}{errors}")
+        raise RuntimeError(f"nginx did not start: {errors}")
 
     def roots(self) -> list[int]:
         return [pid for pids in self.roles().values() for pid in pids]
 
     def roles(self) -> dict[str, list[int]]:
-        return {"nginx": [self.nginx.pid] if self.nginx else [], "app": [app.process.pid for app in self.apps]}
+        return {"nginx": [self.nginx.pid] if self.nginx else [], "app": [app.server.pid for app in self.apps]}
 
     def stop(self) -> None:
         if self.nginx is not None:
-            self.nginx.stop()
+            with contextlib.suppress(ProcessLookupError):
+                self.nginx.send_signal(signal.SIGQUIT)  # graceful: requests in flight finish
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.nginx.wait(15)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.nginx.pid, signal.SIGKILL)
+            self.nginx.wait()
         for app in self.apps:
             app.stop()
         if self.prefix is not None:
             shutil.rmtree(self.prefix, ignore_errors=True)
-
-
-def _compose_command() -> list[str] | None:
-    for command in (["docker", "compose"], ["docker-compose"]):
-        if shutil.which(command[0]) is None:
-            continue
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            if subprocess.run([*command, "version"], capture_output=True, timeout=20).returncode == 0:
-                return command
-    return None
-
-
-def docker_unavailable() -> str | None:
-    """Why the docker configurations cannot run here, or None when they can."""
-    if _compose_command() is None:
-        return "neither `docker compose` nor `docker-compose` works"
-    try:
-        info = subprocess.run(["docker", "info"], capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"`docker info` failed: {exc}"
-    if info.returncode != 0:
-        return "the Docker daemon does not answer (`docker info` failed)"
-    if not (ROOT / "docker-compose.yml").exists():
-        return "docker-compose.yml is missing"
-    return None
 
 
 class ComposeFront(Service):
@@ -516,16 +431,27 @@ class ComposeFront(Service):
         self.replicas = replicas
         self.data_dir = data_dir
         self.project = f"tinybench{os.getpid()}{replicas}"
-        self.compose = _compose_command() or ["docker-compose"]
+        self.compose = compose_command() or ["docker-compose"]
         self.port = free_port()
-        self.env = {**_clean_env({}), "TINY_HTTP_PORT": str(self.port), "TINY_DATA_DIR": str(data_dir),
-                    "TINY_PROCESSES": str(processes), "TINY_HEALTH_INTERVAL": "1s"}
+        self.env = {
+            **server_env(),
+            "TINY_HTTP_PORT": str(self.port),
+            "TINY_DATA_DIR": str(data_dir),
+            "TINY_PROCESSES": str(processes),
+            "TINY_HEALTH_INTERVAL": "1s",
+        }
         self.up = False
         self.info = {"replicas": replicas, "processes_per_replica": processes}
 
     def _run(self, *args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.compose, "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), *args],
-                              cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [*self.compose, "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def start(self) -> ComposeFront:
         self.up = True
@@ -537,7 +463,7 @@ class ComposeFront(Service):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
-                status, body = http_get(f"http://127.0.0.1:{self.port}/healthz")
+                status, body = healthz(self.port)
                 if status == 200:
                     self.info["codec"] = body.get("codec")
                     return self
@@ -550,8 +476,9 @@ class ComposeFront(Service):
         for service in ("tiny", "nginx"):
             ids = self._run("ps", "-q", service, timeout=30).stdout.split()
             for cid in ids:
-                pid = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", cid], capture_output=True,
-                                     text=True, timeout=30).stdout.strip()
+                pid = subprocess.run(
+                    ["docker", "inspect", "-f", "{{.State.Pid}}", cid], capture_output=True, text=True, timeout=30
+                ).stdout.strip()
                 if pid.isdigit() and pid != "0":
                     roles.setdefault("app" if service == "tiny" else "nginx", []).append(int(pid))
         return roles
@@ -581,8 +508,9 @@ class Config:
     docker: bool = False
 
 
-def _tiny(name: str, processes: int, args: Sequence[str] = (), env: dict[str, str] | None = None
-          ) -> Callable[[Path, Path], Service]:
+def _tiny(
+    name: str, processes: int, args: Sequence[str] = (), env: dict[str, str] | None = None
+) -> Callable[[Path, Path], Service]:
     return lambda data, logs: LocalServer(name, "app.py", processes, data, args, env, logs).start()
 
 
@@ -593,32 +521,86 @@ def configurations(cores: int = CORES, nginx_workers: int | None = None) -> dict
     seed = "bench/seed_server.py"
     floor = "bench/floor_server.py"
     configs = [
-        Config("seed-1", "seed's approach, 1 process", ("1600", "16000", "1600-shuffled"),
-               lambda data, logs: LocalServer("seed-1", seed, 1, data, logs=logs).start()),
-        Config(f"seed-{n}", f"seed's approach, {n} processes (fork_processes, one shared socket)", ("1600",),
-               lambda data, logs: LocalServer(f"seed-{n}", seed, n, data, logs=logs).start(), processes=n),
-        Config("floor-1", "HTTP floor (read and discard the body), 1 process", ("1600", "16000"),
-               lambda data, logs: LocalServer("floor-1", floor, 1, None, logs=logs).start()),
-        Config(f"floor-{n}", f"HTTP floor, {n} processes (one shared socket)", ("1600",),
-               lambda data, logs: LocalServer(f"floor-{n}", floor, n, None, logs=logs).start(), processes=n),
-        Config("tiny-1", "tiny, 1 process, codec as installed",
-               ("1600", "16000", "1600-shuffled", "16000-shuffled", "1600-gzip"), _tiny("tiny-1", 1)),
-        Config(f"tiny-{n}", f"tiny, {n} processes (SO_REUSEPORT), codec as installed", ("1600", "16000", "1600-gzip"),
-               _tiny(f"tiny-{n}", n), processes=n),
-        Config("tiny-1-python", "tiny, 1 process, TINY_CODEC=python (reference codec)", ("1600",),
-               _tiny("tiny-1-python", 1, env={"TINY_CODEC": "python"})),
-        Config("tiny-1-fsync", "tiny, 1 process, --durability fsync", ("1600",),
-               _tiny("tiny-1-fsync", 1, ("--durability", "fsync"))),
-        Config(f"nginx-{n}", f"nginx over {n} single-process tiny instances (proxy_request_buffering on)",
-               ("1600", "16000"),
-               lambda data, logs: NginxFront(f"nginx-{n}", n, data, workers, True, logs=logs).start(), processes=n),
-        Config(f"nginx-{n}-nobuf", f"nginx over {n} tiny instances, proxy_request_buffering off", ("1600", "16000"),
-               lambda data, logs: NginxFront(f"nginx-{n}-nobuf", n, data, workers, False, logs=logs).start(),
-               processes=n),
-        Config("docker-1", "docker compose, 1 replica (1 process) behind its nginx", ("1600",),
-               lambda data, logs: ComposeFront("docker-1", 1, data, 1).start(), docker=True),
-        Config("docker-4", "docker compose, 4 replicas (1 process each) behind its nginx", ("1600",),
-               lambda data, logs: ComposeFront("docker-4", 4, data, 1).start(), processes=4, docker=True),
+        Config(
+            "seed-1",
+            "seed's approach, 1 process",
+            ("1600", "16000", "1600-shuffled"),
+            lambda data, logs: LocalServer("seed-1", seed, 1, data, logs=logs).start(),
+        ),
+        Config(
+            f"seed-{n}",
+            f"seed's approach, {n} processes (fork_processes, one shared socket)",
+            ("1600",),
+            lambda data, logs: LocalServer(f"seed-{n}", seed, n, data, logs=logs).start(),
+            processes=n,
+        ),
+        Config(
+            "floor-1",
+            "HTTP floor (read and discard the body), 1 process",
+            ("1600", "16000"),
+            lambda data, logs: LocalServer("floor-1", floor, 1, None, logs=logs).start(),
+        ),
+        Config(
+            f"floor-{n}",
+            f"HTTP floor, {n} processes (one shared socket)",
+            ("1600",),
+            lambda data, logs: LocalServer(f"floor-{n}", floor, n, None, logs=logs).start(),
+            processes=n,
+        ),
+        Config(
+            "tiny-1",
+            "tiny, 1 process, codec as installed",
+            ("1600", "16000", "1600-shuffled", "16000-shuffled", "1600-gzip"),
+            _tiny("tiny-1", 1),
+        ),
+        Config(
+            f"tiny-{n}",
+            f"tiny, {n} processes (SO_REUSEPORT), codec as installed",
+            ("1600", "16000", "1600-gzip"),
+            _tiny(f"tiny-{n}", n),
+            processes=n,
+        ),
+        Config(
+            "tiny-1-python",
+            "tiny, 1 process, TINY_CODEC=python (reference codec)",
+            ("1600",),
+            _tiny("tiny-1-python", 1, env={"TINY_CODEC": "python"}),
+        ),
+        Config(
+            "tiny-1-fsync",
+            "tiny, 1 process, --durability fsync",
+            ("1600",),
+            _tiny("tiny-1-fsync", 1, ("--durability", "fsync")),
+        ),
+        Config(
+            f"nginx-{n}",
+            f"nginx over {n} single-process tiny instances (proxy_request_buffering on)",
+            ("1600", "16000"),
+            lambda data, logs: NginxFront(f"nginx-{n}", n, data, workers, True, logs=logs).start(),
+            processes=n,
+        ),
+        Config(
+            f"nginx-{n}-nobuf",
+            f"nginx over {n} tiny instances, proxy_request_buffering off",
+            ("1600", "16000"),
+            lambda data, logs: NginxFront(f"nginx-{n}-nobuf", n, data, workers, False, logs=logs).start(),
+            processes=n,
+        ),
+        Config(
+            "docker-1",
+            "docker compose, 1 replica (1 process) behind its nginx",
+            ("1600",),
+            lambda data, logs: ComposeFront("docker-1", 1, data, 1).start(),
+            docker=True,
+        ),
+        Config(
+            "docker-4",
+            "docker compose, 4 replicas (1 process each) behind its nginx",
+            ("1600",),
+            lambda data, logs: ComposeFront("docker-4", 4, data, 1).start(),
+            processes=4,
+            docker=True,
+        ),
     ]
     return {config.name: config for config in configs}
 
@@ -637,27 +619,56 @@ def experiments(cores: int = CORES) -> dict[str, tuple[str, list[Arm]]]:
     """The headline comparisons, run interleaved: name -> (what it answers, arms)."""
     n = cores
     return {
-        "key": ("tiny-1 vs seed-1 records/s at c=8 -k, 1,600-record bodies (target 10x); floor for reference",
-                [Arm("seed-1", "1600", 8, True), Arm("tiny-1", "1600", 8, True), Arm("floor-1", "1600", 8, True)]),
-        "scale": (f"tiny-{n} vs tiny-1 at c=16 -k (target 1.8x); seed-{n} shows the shared socket",
-                  [Arm("tiny-1", "1600", 16, True), Arm(f"tiny-{n}", "1600", 16, True),
-                   Arm(f"seed-{n}", "1600", 16, True)]),
-        "nginx": (f"nginx over {n} instances vs tiny-{n} at c=16 -k (target within 10%), buffering on/off",
-                  [Arm(f"tiny-{n}", "1600", 16, True), Arm(f"nginx-{n}", "1600", 16, True),
-                   Arm(f"nginx-{n}-nobuf", "1600", 16, True)]),
-        "latency": (f"p99 at c=16 without -k (the seed's mean was 23.4 ms on 8 cores): tiny-{n} and tiny-1",
-                    [Arm(f"tiny-{n}", "1600", 16, False), Arm("tiny-1", "1600", 16, False)]),
+        "key": (
+            "tiny-1 vs seed-1 records/s at c=8 -k, 1,600-record bodies (target 10x); floor for reference",
+            [Arm("seed-1", "1600", 8, True), Arm("tiny-1", "1600", 8, True), Arm("floor-1", "1600", 8, True)],
+        ),
+        "scale": (
+            f"tiny-{n} vs tiny-1 at c=16 -k (target 1.8x); seed-{n} shows the shared socket",
+            [Arm("tiny-1", "1600", 16, True), Arm(f"tiny-{n}", "1600", 16, True), Arm(f"seed-{n}", "1600", 16, True)],
+        ),
+        "nginx": (
+            f"nginx over {n} instances vs tiny-{n} at c=16 -k (target within 10%), buffering on/off",
+            [
+                Arm(f"tiny-{n}", "1600", 16, True),
+                Arm(f"nginx-{n}", "1600", 16, True),
+                Arm(f"nginx-{n}-nobuf", "1600", 16, True),
+            ],
+        ),
+        "latency": (
+            f"p99 at c=16 without -k (the seed's mean was 23.4 ms on 8 cores): tiny-{n} and tiny-1",
+            [Arm(f"tiny-{n}", "1600", 16, False), Arm("tiny-1", "1600", 16, False)],
+        ),
     }
 
 
 # --------------------------------------------------------------------------- ab
 
 
-def ab_command(url: str, body: Body, concurrency: int, keepalive: bool, requests: int, time_limit: float,
-               percentiles: Path) -> list[str]:
+def ab_command(
+    url: str, body: Body, concurrency: int, keepalive: bool, requests: int, time_limit: float, percentiles: Path
+) -> list[str]:
     """The exact ab command line of one point. -t comes before -n: ab's -t resets -n."""
-    command = ["ab", "-t", str(max(1, round(time_limit))), "-n", str(requests), "-c", str(concurrency),
-               "-s", "20", "-l", "-r", "-q", "-e", str(percentiles), "-p", str(body.path), "-T", "application/x-ndjson"]
+    command = [
+        "ab",
+        "-t",
+        str(max(1, round(time_limit))),
+        "-n",
+        str(requests),
+        "-c",
+        str(concurrency),
+        "-s",
+        "20",
+        "-l",
+        "-r",
+        "-q",
+        "-e",
+        str(percentiles),
+        "-p",
+        str(body.path),
+        "-T",
+        "application/x-ndjson",
+    ]
     if body.gzip:
         command += ["-H", "Content-Encoding: gzip"]
     if keepalive:
@@ -719,8 +730,19 @@ class Runner:
         warm = self.point(config, service, body, 2, True, experiment="warmup", requests=count, keep=False)
         self.rates[key] = warm.get("rps") or rate
 
-    def point(self, config: str, service: Service, body: Body, concurrency: int, keepalive: bool, *,
-              experiment: str, requests: int | None = None, round_: int = 0, keep: bool = True) -> dict[str, Any]:
+    def point(
+        self,
+        config: str,
+        service: Service,
+        body: Body,
+        concurrency: int,
+        keepalive: bool,
+        *,
+        experiment: str,
+        requests: int | None = None,
+        round_: int = 0,
+        keep: bool = True,
+    ) -> dict[str, Any]:
         """Run ab once and return (and keep) the point's figures."""
         requests = requests or self.requests_for(config, body, concurrency)
         tag = f"{len(self.points):04d}-{experiment}-{config}-{body.name}-c{concurrency}{'-k' if keepalive else ''}"
@@ -747,16 +769,25 @@ class Runner:
         records = good * body.records
         per_process = {pid: cpu_after[pid] - cpu_before.get(pid, 0.0) for pid in cpu_after}
         server_cpu = sum(cpu_after.values()) - sum(cpu_before.get(pid, 0.0) for pid in cpu_after)
-        role_cpu = {role: round(sum(per_process.get(p, 0.0) for p in process_tree(pids)), 3)
-                    for role, pids in roles.items()}
+        role_cpu = {
+            role: round(sum(per_process.get(p, 0.0) for p in process_tree(pids)), 3) for role, pids in roles.items()
+        }
         ab_cpu = ab_after - ab_before
         app = process_tree(roles.get("app", roots))  # the busiest worker among the app's processes
         app_cpu = sum(per_process.get(pid, 0.0) for pid in app)
         busiest = max((per_process.get(pid, 0.0) for pid in app), default=0.0)
         point: dict[str, Any] = {
-            "experiment": experiment, "round": round_, "config": config, "body": body.name,
-            "records_per_body": body.records, "body_bytes": body.size, "gzip": body.gzip,
-            "concurrency": concurrency, "keepalive": keepalive, "requests": requests, "ab_exit": code,
+            "experiment": experiment,
+            "round": round_,
+            "config": config,
+            "body": body.name,
+            "records_per_body": body.records,
+            "body_bytes": body.size,
+            "gzip": body.gzip,
+            "concurrency": concurrency,
+            "keepalive": keepalive,
+            "requests": requests,
+            "ab_exit": code,
             **result,
             "records_per_s": round(records / result["seconds"]) if result["seconds"] else 0,
             "server_cpu_s": round(server_cpu, 3),
@@ -766,8 +797,10 @@ class Runner:
             "busiest_process_share": round(busiest / app_cpu, 3) if app_cpu > 0 else None,
             "ab_cpu_s": round(ab_cpu, 3),
             "other_cpu_s": round(max(0.0, busy_after - busy_before - server_cpu - ab_cpu), 3),
-            "wall_s": round(wall, 3), "loadavg_1m_before": float(load),
-            "codec": service.info.get("codec"), "ab_command": shlex.join(command),
+            "wall_s": round(wall, 3),
+            "loadavg_1m_before": float(load),
+            "codec": service.info.get("codec"),
+            "ab_command": shlex.join(command),
         }
         if code != 0:
             point["error"] = output.strip().splitlines()[-1] if output.strip() else f"ab exited {code}"
@@ -786,12 +819,15 @@ class Runner:
 def _print_point(point: dict[str, Any]) -> None:
     p99 = point["p99_ms"]
     cost = point["cpu_s_per_million"]
-    print(f"  {point['experiment']:<7} {point['config']:<16} {point['body']:<15} c={point['concurrency']:<2} "
-          f"{'-k' if point['keepalive'] else '  '} n={point['complete']:<6} {point['records_per_s']:>11,} rec/s "
-          f"p50 {point['p50_ms'] or 0:7.1f} p99 {p99 or 0:7.1f} ms  "
-          f"{(cost or 0):6.2f} cpu-s/M  busiest {point['busiest_process_share'] or 0:.2f}  "
-          f"other {point['other_cpu_s']:.2f}s failed {point['failed'] + point['non2xx']}"
-          + (f"  ERROR {point['error']}" if "error" in point else ""), flush=True)
+    print(
+        f"  {point['experiment']:<7} {point['config']:<16} {point['body']:<15} c={point['concurrency']:<2} "
+        f"{'-k' if point['keepalive'] else '  '} n={point['complete']:<6} {point['records_per_s']:>11,} rec/s "
+        f"p50 {point['p50_ms'] or 0:7.1f} p99 {p99 or 0:7.1f} ms  "
+        f"{(cost or 0):6.2f} cpu-s/M  busiest {point['busiest_process_share'] or 0:.2f}  "
+        f"other {point['other_cpu_s']:.2f}s failed {point['failed'] + point['non2xx']}"
+        + (f"  ERROR {point['error']}" if "error" in point else ""),
+        flush=True,
+    )
 
 
 def clear_dir(path: Path) -> None:
@@ -820,8 +856,15 @@ def running(config: Config, work: Path, logs: Path) -> Iterator[Service]:
         shutil.rmtree(data, ignore_errors=True)
 
 
-def sweep(runner: Runner, config: Config, bodies: dict[str, Body], concurrency: Sequence[int], work: Path,
-          logs: Path, only_first_body: bool) -> None:
+def sweep(
+    runner: Runner,
+    config: Config,
+    bodies: dict[str, Body],
+    concurrency: Sequence[int],
+    work: Path,
+    logs: Path,
+    only_first_body: bool,
+) -> None:
     """Every body of ``config``, with and without -k, at every concurrency."""
     names = config.bodies[:1] if only_first_body else config.bodies
     print(f"{config.name}: {config.what}", flush=True)
@@ -834,20 +877,38 @@ def sweep(runner: Runner, config: Config, bodies: dict[str, Body], concurrency: 
                 runner.point(config.name, service, body, c, keepalive, experiment="sweep")
 
 
-def interleaved(runner: Runner, name: str, what: str, arms: Sequence[Arm], configs: dict[str, Config],
-                bodies: dict[str, Body], rounds: int, work: Path, logs: Path) -> None:
+def interleaved(
+    runner: Runner,
+    name: str,
+    what: str,
+    arms: Sequence[Arm],
+    configs: dict[str, Config],
+    bodies: dict[str, Body],
+    rounds: int,
+    work: Path,
+    logs: Path,
+) -> None:
     """Run ``arms`` alternately ``rounds`` times, every server up at once."""
     print(f"{name}: {what} ({rounds} rounds)", flush=True)
     with contextlib.ExitStack() as stack:
-        services = {config: stack.enter_context(running(configs[config], work, logs))
-                    for config in dict.fromkeys(arm.config for arm in arms)}
+        services = {
+            config: stack.enter_context(running(configs[config], work, logs))
+            for config in dict.fromkeys(arm.config for arm in arms)
+        }
         for arm in arms:
             runner.warm_up(arm.config, services[arm.config], bodies[arm.body])
         for round_ in range(rounds):
             order = arms if round_ % 2 == 0 else list(reversed(arms))
             for arm in order:
-                runner.point(arm.config, services[arm.config], bodies[arm.body], arm.concurrency, arm.keepalive,
-                             experiment=name, round_=round_ + 1)
+                runner.point(
+                    arm.config,
+                    services[arm.config],
+                    bodies[arm.body],
+                    arm.concurrency,
+                    arm.keepalive,
+                    experiment=name,
+                    round_=round_ + 1,
+                )
 
 
 # --------------------------------------------------------------------------- output
@@ -867,26 +928,67 @@ def machine() -> dict[str, Any]:
 
     from tiny import codec
 
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return {
-        "cpu": model, "cores": os.cpu_count(), "usable_cores": CORES,
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "usable_cores": CORES,
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3, 1),
-        "kernel": platform.release(), "python": platform.python_version(), "tornado": tornado.version,
-        "orjson": orjson.__version__, "codec_installed": codec.CODEC,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "tornado": tornado.version,
+        "orjson": orjson.__version__,
+        "codec_installed": codec.CODEC,
         "ab": _version(["ab", "-V"]).replace("This is ApacheBench, ", "ab ").replace(" <$Revision$>", ""),
-        "nginx": _version(["nginx", "-v"]), "git_commit": commit.stdout.strip(),
+        "nginx": _version(["nginx", "-v"]),
+        "git_commit": commit.stdout.strip(),
         "loadavg": Path("/proc/loadavg").read_text().split()[:3],
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
 
 
-_CSV_COLUMNS = ("experiment", "round", "config", "body", "records_per_body", "body_bytes", "gzip", "concurrency",
-                "keepalive", "requests", "complete", "failed", "non2xx", "seconds", "rps", "records_per_s", "mean_ms",
-                "p50_ms", "p90_ms", "p99_ms", "max_ms", "server_cpu_s", "cpu_s_per_million", "busiest_process_share",
-                "cpu_per_process", "ab_cpu_s", "other_cpu_s", "loadavg_1m_before", "codec", "ab_exit", "error",
-                "ab_command")
+_CSV_COLUMNS = (
+    "experiment",
+    "round",
+    "config",
+    "body",
+    "records_per_body",
+    "body_bytes",
+    "gzip",
+    "concurrency",
+    "keepalive",
+    "requests",
+    "complete",
+    "failed",
+    "non2xx",
+    "seconds",
+    "rps",
+    "records_per_s",
+    "mean_ms",
+    "p50_ms",
+    "p90_ms",
+    "p99_ms",
+    "max_ms",
+    "server_cpu_s",
+    "cpu_s_per_million",
+    "busiest_process_share",
+    "cpu_per_process",
+    "ab_cpu_s",
+    "other_cpu_s",
+    "loadavg_1m_before",
+    "codec",
+    "ab_exit",
+    "error",
+    "ab_command",
+)
 
 
 def write_results(results: dict[str, Any], directory: Path) -> None:
@@ -932,23 +1034,29 @@ def run_sink_bench(quick: bool, out: Path) -> dict[str, Any] | None:
 
 
 def _parse(argv: Sequence[str] | None, configs: dict[str, Config]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n", 1)[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smoke test: c=1,8, first body only, 1 round, short")
     parser.add_argument("--configs", help="comma-separated sweep configurations (default: all but docker)")
     parser.add_argument("--skip", default="", help="comma-separated configurations to leave out")
-    parser.add_argument("--experiments", default="key,scale,nginx,latency,sweep,sink",
-                        help="comma-separated: key, scale, nginx, latency (interleaved), sweep, sink")
+    parser.add_argument(
+        "--experiments",
+        default="key,scale,nginx,latency,sweep,sink",
+        help="comma-separated: key, scale, nginx, latency (interleaved), sweep, sink",
+    )
     parser.add_argument("--concurrency", help="comma-separated levels (default 1,2,4,8,16; quick: 1,8)")
     parser.add_argument("--seconds", type=float, help="target seconds per point (default 3; quick 0.5)")
     parser.add_argument("--rounds", type=int, help="rounds of the interleaved experiments (default 3; quick 1)")
     parser.add_argument("--max-requests", type=int, default=200_000, help="upper bound of ab -n")
     parser.add_argument("--docker", action="store_true", help="also docker compose with 1 and 4 replicas")
     parser.add_argument("--nginx-workers", type=int, help=f"nginx worker_processes (default {CORES}, the cores)")
-    parser.add_argument("--merge", action="store_true",
-                        help="keep the points of results.json that this run does not redo")
-    parser.add_argument("--results", type=Path,
-                        help="output directory (default bench/results; bench/results/quick with --quick)")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the points of results.json that this run does not redo"
+    )
+    parser.add_argument(
+        "--results", type=Path, help="output directory (default bench/results; bench/results/quick with --quick)"
+    )
     parser.add_argument("--list", action="store_true", help="print configurations and experiments, then exit")
     args = parser.parse_args(argv)
     unknown = {c for c in (args.configs or "").split(",") + args.skip.split(",") if c} - set(configs)
@@ -991,8 +1099,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen_experiments = set(filter(None, args.experiments.split(",")))
     seconds = args.seconds or (0.5 if args.quick else 3.0)
     rounds = args.rounds or (1 if args.quick else 3)
-    concurrency = [int(c) for c in args.concurrency.split(",")] if args.concurrency else (
-        [1, 8] if args.quick else list(CONCURRENCY))
+    concurrency = (
+        [int(c) for c in args.concurrency.split(",")]
+        if args.concurrency
+        else ([1, 8] if args.quick else list(CONCURRENCY))
+    )
     results_dir: Path = args.results or (RESULTS / "quick" if args.quick else RESULTS)
     results_dir.mkdir(parents=True, exist_ok=True)
     work = results_dir / "work"
@@ -1012,19 +1123,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("skipping docker-1 and docker-4: pass --docker (needs the images: make images-offline)", flush=True)
 
     bodies = make_bodies(results_dir / "bodies")
-    runner = Runner(seconds, 20 if args.quick else 50, 2_000 if args.quick else args.max_requests,
-                    results_dir / "ab")
+    runner = Runner(seconds, 20 if args.quick else 50, 2_000 if args.quick else args.max_requests, results_dir / "ab")
     shutil.rmtree(runner.raw_dir, ignore_errors=True)
     info = machine()
-    print(f"machine: {info['cpu']}, {info['usable_cores']} usable cores, load {' '.join(info['loadavg'])}, "
-          f"codec {info['codec_installed']}", flush=True)
+    print(
+        f"machine: {info['cpu']}, {info['usable_cores']} usable cores, load {' '.join(info['loadavg'])}, "
+        f"codec {info['codec_installed']}",
+        flush=True,
+    )
     results: dict[str, Any] = {
-        "machine": info, "args": vars(args) | {"results": str(results_dir)}, "seconds_per_point": seconds,
-        "rounds": rounds, "concurrency": concurrency, "cores": CORES,
+        "machine": info,
+        "args": vars(args) | {"results": str(results_dir)},
+        "seconds_per_point": seconds,
+        "rounds": rounds,
+        "concurrency": concurrency,
+        "cores": CORES,
         "bodies": {name: {"records": b.records, "bytes": b.size, "gzip": b.gzip} for name, b in bodies.items()},
         "configs": {c.name: {"what": c.what, "processes": c.processes} for c in configs.values()},
         "experiments": {name: what for name, (what, _arms) in experiments().items()},
-        "points": runner.points, "sink": None,
+        "points": runner.points,
+        "sink": None,
     }
     interrupted = False
     try:
@@ -1048,8 +1166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = merged(results_dir / "results.json", results)
         write_results(results, results_dir)
         shutil.rmtree(work, ignore_errors=True)
-    print(f"wrote {results_dir / 'results.json'} and results.csv ({len(results['points'])} points); next: "
-          "python bench/charts.py && python bench/report.py", flush=True)
+    print(
+        f"wrote {results_dir / 'results.json'} and results.csv ({len(results['points'])} points); next: "
+        "python bench/charts.py && python bench/report.py",
+        flush=True,
+    )
     return 130 if interrupted else 0
 
 

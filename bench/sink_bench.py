@@ -134,8 +134,9 @@ async def _ticker(lags: list[float], stop: asyncio.Event) -> None:
         lags.append(time.perf_counter() - started - 0.001)
 
 
-async def run_once(strategy: str, directory: Path, *, fsync: bool, clients: int, appends: int, chunk: bytes,
-                   work: float) -> dict[str, Any]:
+async def run_once(
+    strategy: str, directory: Path, *, fsync: bool, clients: int, appends: int, chunk: bytes, work: float
+) -> dict[str, Any]:
     """One run of one strategy; its figures."""
     path = directory / f"{strategy}-{'fsync' if fsync else 'write'}.csv"
     path.unlink(missing_ok=True)
@@ -166,10 +167,17 @@ async def run_once(strategy: str, directory: Path, *, fsync: bool, clients: int,
     quantiles = statistics.quantiles(latencies, n=100, method="inclusive")
     lag_q = statistics.quantiles(lags, n=100, method="inclusive") if len(lags) > 1 else [0.0] * 99
     return {
-        "strategy": strategy, "durability": "fsync" if fsync else "write", "appends": total, "seconds": wall,
-        "appends_per_s": total / wall, "mb_per_s": total * len(chunk) / wall / 1e6, "cpu_s": cpu,
-        "append_p50_ms": quantiles[49] * 1e3, "append_p99_ms": quantiles[98] * 1e3,
-        "loop_lag_p99_ms": lag_q[98] * 1e3, "loop_lag_max_ms": max(lags, default=0.0) * 1e3,
+        "strategy": strategy,
+        "durability": "fsync" if fsync else "write",
+        "appends": total,
+        "seconds": wall,
+        "appends_per_s": total / wall,
+        "mb_per_s": total * len(chunk) / wall / 1e6,
+        "cpu_s": cpu,
+        "append_p50_ms": quantiles[49] * 1e3,
+        "append_p99_ms": quantiles[98] * 1e3,
+        "loop_lag_p99_ms": lag_q[98] * 1e3,
+        "loop_lag_max_ms": max(lags, default=0.0) * 1e3,
     }
 
 
@@ -182,8 +190,16 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-async def bench(directory: Path, *, clients: int, appends: int, chunk_bytes: int, work: float, repeats: int,
-                durabilities: tuple[bool, ...] = (False, True)) -> list[dict[str, Any]]:
+async def bench(
+    directory: Path,
+    *,
+    clients: int,
+    appends: int,
+    chunk_bytes: int,
+    work: float,
+    repeats: int,
+    durabilities: tuple[bool, ...] = (False, True),
+) -> list[dict[str, Any]]:
     """Every strategy x durability, ``repeats`` times interleaved; median rows."""
     chunk = _LINE * max(1, chunk_bytes // len(_LINE))
     rows = []
@@ -192,14 +208,20 @@ async def bench(directory: Path, *, clients: int, appends: int, chunk_bytes: int
         for repeat in range(repeats):
             for strategy in STRATEGIES if repeat % 2 == 0 else tuple(reversed(STRATEGIES)):
                 count = appends if not fsync else max(10, appends // 3)  # fsync runs are slow
-                runs[strategy].append(await run_once(strategy, directory, fsync=fsync, clients=clients,
-                                                     appends=count, chunk=chunk, work=work))
+                runs[strategy].append(
+                    await run_once(
+                        strategy, directory, fsync=fsync, clients=clients, appends=count, chunk=chunk, work=work
+                    )
+                )
         for strategy in STRATEGIES:
             row = _median_row(runs[strategy])
             rows.append(row)
-            print(f"  {row['strategy']:<13} {row['durability']:<5} {row['appends_per_s']:9.0f} appends/s "
-                  f"{row['mb_per_s']:7.1f} MB/s cpu {row['cpu_s']:.3f}s append p99 {row['append_p99_ms']:7.2f} ms "
-                  f"loop lag p99 {row['loop_lag_p99_ms']:6.2f} max {row['loop_lag_max_ms']:6.2f} ms", flush=True)
+            print(
+                f"  {row['strategy']:<13} {row['durability']:<5} {row['appends_per_s']:9.0f} appends/s "
+                f"{row['mb_per_s']:7.1f} MB/s cpu {row['cpu_s']:.3f}s append p99 {row['append_p99_ms']:7.2f} ms "
+                f"loop lag p99 {row['loop_lag_p99_ms']:6.2f} max {row['loop_lag_max_ms']:6.2f} ms",
+                flush=True,
+            )
     return rows
 
 
@@ -212,17 +234,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-kib", type=int, default=120)
     parser.add_argument("--work-us", type=float, default=300.0, help="CPU per request on the loop")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dir", type=Path, default=ROOT / "bench" / "results",
-                        help="where the scratch file goes (a real disk, for fsync)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=ROOT / "bench" / "results",
+        help="where the scratch file goes (a real disk, for fsync)",
+    )
     args = parser.parse_args(argv)
     appends, repeats = (30, 1) if args.quick else (args.appends, args.repeats)
     args.dir.mkdir(parents=True, exist_ok=True)
-    params = {"clients": args.clients, "appends_per_client": appends, "chunk_bytes": args.chunk_kib * 1024,
-              "work_us": args.work_us, "repeats": repeats}
+    params = {
+        "clients": args.clients,
+        "appends_per_client": appends,
+        "chunk_bytes": args.chunk_kib * 1024,
+        "work_us": args.work_us,
+        "repeats": repeats,
+    }
     print(f"sink bench: {params}", flush=True)
     with tempfile.TemporaryDirectory(prefix="sink-bench-", dir=args.dir) as scratch:
-        rows = asyncio.run(bench(Path(scratch), clients=args.clients, appends=appends,
-                                 chunk_bytes=args.chunk_kib * 1024, work=args.work_us / 1e6, repeats=repeats))
+        rows = asyncio.run(
+            bench(
+                Path(scratch),
+                clients=args.clients,
+                appends=appends,
+                chunk_bytes=args.chunk_kib * 1024,
+                work=args.work_us / 1e6,
+                repeats=repeats,
+            )
+        )
     result = {"params": params, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -23,8 +23,12 @@ def figures(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     target = os.environ.get("TINY_FIGURES_FILE")
     if target and found:
         outcome = "passed" if not getattr(request.node, "failed_call", False) else "failed"
-        entry = {"test": request.node.nodeid, "outcome": outcome, "doc": (request.function.__doc__ or "").strip(),
-                 **found}
+        entry = {
+            "test": request.node.nodeid,
+            "outcome": outcome,
+            "doc": (request.function.__doc__ or "").strip(),
+            **found,
+        }
         with open(target, "a", encoding="utf-8") as out:
             out.write(json.dumps(entry) + "\n")
 

@@ -1,40 +1,28 @@
-"""Test support: start the real server as a subprocess and talk to it over real sockets."""
+"""Test support: what the tests share beyond the harness (tiny.testing): records, batches, load."""
 
 from __future__ import annotations
 
-import gzip
 import http.client
 import itertools
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from functools import cache
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE_DAY = ROOT.parent / "shared" / "data" / "cran-logs" / "2014-05-04.csv.gz"
-_LISTENING = re.compile(r"listening on http://([^:]+):(\d+)")
+from tiny.testing import (  # noqa: F401  (re-exported for the tests)
+    ROOT,
+    SAMPLE_DAY,
+    Response,
+    Server,
+    free_port,
+    http_get,
+    sample_csv,
+    sample_lines,
+)
 
-
-@cache
-def sample_csv() -> bytes:
-    """The real public file of 2014-05-04, uncompressed."""
-    return gzip.decompress(SAMPLE_DAY.read_bytes())
-
-
-@cache
-def sample_lines() -> tuple[bytes, ...]:
-    """The sample day as NDJSON lines (LF-terminated), in file order."""
-    from tiny.cranlog import ndjson_lines
-
-    return tuple(ndjson_lines(SAMPLE_DAY))
+REQUEST_TIMEOUT = 10.0  # seconds for any one HTTP request of a Load
 
 
 def batches(lines: tuple[bytes, ...], size: int) -> Iterator[bytes]:
@@ -62,165 +50,9 @@ def record(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in base.items() if v is not ...}
 
 
-class Response:
-    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        self.status = status
-        self.headers = headers
-        self.body = body
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-class Server:
-    """``python app.py`` in a subprocess on 127.0.0.1 and a free port, for one test.
-
-    The port comes from the server's own start-up line (``--port 0``), so tests never race
-    for ports. ``stop()`` sends SIGTERM and returns the exit code; the context manager
-    always leaves no process behind.
-    """
-
-    def __init__(
-        self, data_dir: Path, *args: str, processes: int = 1, env: dict[str, str] | None = None, port: int = 0
-    ) -> None:
-        self.data_dir = data_dir
-        self.processes = processes
-        self.args = ["--port", str(port), "--processes", str(processes), "--data-dir", str(data_dir), *args]
-        scratch = data_dir.parent / "tmp"  # the metrics dir a kill -9'd server cannot remove lands here
-        scratch.mkdir(parents=True, exist_ok=True)
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(scratch), **(env or {})}
-        self.output: list[str] = []
-        self.preexec: Callable[[], None] | None = None  # runs in the child before exec
-        self.proc: subprocess.Popen[str] | None = None
-        self.port = 0
-
-    def start(self, timeout: float = 15.0) -> Server:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "app.py"), *self.args],
-            cwd=ROOT,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-            preexec_fn=self.preexec,
-        )
-        listening = threading.Event()
-
-        def read() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.output.append(line)
-                match = _LISTENING.search(line)
-                if match:
-                    self.port = int(match.group(2))
-                    listening.set()
-
-        self._reader = threading.Thread(target=read, daemon=True)
-        self._reader.start()
-        if not listening.wait(timeout):
-            self.kill()
-            raise RuntimeError("server did not start:\n" + self.log())
-        deadline = time.monotonic() + timeout
-        while self.log().count(" ready (codec ") < self.processes and time.monotonic() < deadline:
-            time.sleep(0.02)  # every worker has its signal handlers and serves
-        while time.monotonic() < deadline:
-            try:
-                if self.request("GET", "/healthz").status == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.kill()
-        raise RuntimeError("server never became healthy:\n" + self.log())
-
-    def log(self) -> str:
-        return "".join(self.output)
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        timeout: float = 30.0,
-    ) -> Response:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            resp = conn.getresponse()
-            return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
-        finally:
-            conn.close()
-
-    def ingest(self, body: bytes, headers: dict[str, str] | None = None) -> Response:
-        return self.request("POST", "/ingest", body, headers)
-
-    def stop(self, signum: int = signal.SIGTERM, timeout: float = 15.0) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signum)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(5)
-            self.close()
-
-    def __enter__(self) -> Server:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.stop()
-            finally:
-                self.kill()
-        self.close()
-
-    def close(self) -> None:
-        """Kill anything left in the server's session and release the output pipe."""
-        if self.proc is None:
-            return
-        try:  # workers are in the server's session: none may outlive the test
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self._reader.join(5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
 def rows_of(path: Path) -> list[bytes]:
     """The lines of a day file (each with its LF)."""
     return path.read_bytes().splitlines(keepends=True)
-
-
-REQUEST_TIMEOUT = 10.0  # seconds for any one HTTP request of a Load
-
-
-def http_get(port: int, path: str, timeout: float = REQUEST_TIMEOUT) -> tuple[int, dict[str, str], bytes]:
-    """GET 127.0.0.1:port/path on a new connection: (status, lower-cased headers, body)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-    finally:
-        conn.close()
 
 
 def is_json_error(content_type: str, body: bytes) -> bool:
@@ -315,10 +147,11 @@ class Load:
 
     def check_day_file(self, data: Path) -> dict[str, int]:
         """Every acked row on disk exactly once and each batch whole; no row twice; no torn line."""
-        from tiny.codec import HEADER, encode_reference
+        from tiny.codec import encode_reference
         from tiny.cranlog import parse_row
+        from tiny.layout import HEADER, day_path
 
-        lines = (data / f"{self.day}.csv").read_bytes().split(b"\n")
+        lines = day_path(data, self.day).read_bytes().split(b"\n")
         assert lines[0] + b"\n" == HEADER and lines[-1] == b""
         rows = lines[1:-1]
         for row in rows:

@@ -3,8 +3,9 @@ nginx/proxy.conf, four single-process instances behind nginx.
 
 The configs run from a copy of the repo's layout in a temp dir (app.py, tiny/ and .venv
 are symlinks), so their %(here)s-relative data/ and var/ land there, and on a free block of
-five ports instead of 8888 and 8001-8004, so a `make cluster` already running is untouched.
-The only edits to the copies are those port numbers (checked: a renamed port fails here).
+ports instead of 8888 and 8001-8004 (TINY_CLUSTER_PORT, as `make cluster` sets it), so a
+`make cluster` already running is untouched. The only edit to the copies is nginx's listen
+port (checked: a renamed port fails here).
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,7 +25,8 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, Load, http_get, record
-from tiny.codec import HEADER
+from tiny.layout import HEADER
+from tiny.testing import free_port_block
 
 _SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 _MISSING = [name for name in ("supervisord", "supervisorctl", "nginx") if shutil.which(name, path=_SBIN_PATH) is None]
@@ -39,20 +39,6 @@ pytestmark = [
 
 INSTANCES = 4
 _TIMEOUT = 10.0  # seconds for any one HTTP request in these tests
-
-
-def _free_port_block() -> int:
-    """A base port B (a multiple of 10) with B .. B+INSTANCES all free on 127.0.0.1."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000, 10)
-        try:
-            for port in range(base, base + INSTANCES + 1):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free block of ports")
 
 
 def _render(source: Path, target: Path, replacements: dict[str, str]) -> None:
@@ -86,31 +72,29 @@ def assert_json_error(status: int, headers: dict[str, str], body: bytes, expecte
 class Cluster:
     """supervisord -n with the repo's configs in a temp copy of the layout; see the module doc."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, instances: int = INSTANCES) -> None:
         self.home = home
-        self.base = _free_port_block()
+        self.instances = instances
+        self.base = free_port_block(instances + 1)
         self.port = self.base  # nginx
-        self.instance_ports = [self.base + n for n in range(1, INSTANCES + 1)]
+        self.instance_ports = [self.base + n for n in range(1, instances + 1)]
         self.data = home / "data"
         self.conf = home / "supervisor" / "supervisord.conf"
         for name in ("supervisor", "nginx", "data", "var/log", "var/nginx"):  # `make cluster` makes var/
             (home / name).mkdir(parents=True, exist_ok=True)
         for name in ("app.py", "tiny", ".venv"):
             (home / name).symlink_to(ROOT / name)
+        shutil.copy(ROOT / "supervisor" / "supervisord.conf", self.conf)
         _render(
-            ROOT / "supervisor" / "supervisord.conf",
-            self.conf,
-            {"--port 800%(process_num)d": f"--port {self.base // 10}%(process_num)d"},
+            ROOT / "nginx" / "local.conf", home / "nginx" / "local.conf", {"127.0.0.1:8888": f"127.0.0.1:{self.port}"}
         )
-        ports = {"127.0.0.1:8888": f"127.0.0.1:{self.port}"}
-        ports.update({f"127.0.0.1:800{n}": f"127.0.0.1:{self.base + n}" for n in range(1, INSTANCES + 1)})
-        _render(ROOT / "nginx" / "local.conf", home / "nginx" / "local.conf", ports)
-        shutil.copy(ROOT / "nginx" / "proxy.conf", home / "nginx" / "proxy.conf")
+        for name in ("proxy.conf", "cluster-entrypoint.sh"):
+            shutil.copy(ROOT / "nginx" / name, home / "nginx" / name)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> Cluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TINY_")}
-        env["PATH"] = _SBIN_PATH
+        env.update(PATH=_SBIN_PATH, TINY_CLUSTER_PORT=str(self.base), TINY_CLUSTER_SIZE=str(self.instances))
         self.output = (self.home / "supervisord.out").open("wb")
         self.proc = subprocess.Popen(
             [shutil.which("supervisord", path=_SBIN_PATH) or "supervisord", "-n", "-c", str(self.conf)],
@@ -136,7 +120,7 @@ class Cluster:
             except OSError:
                 pass
             if seen == set(self.instance_ports):
-                if self.ctl("status").count("RUNNING") == INSTANCES + 1:  # supervisord's startsecs are over too
+                if self.ctl("status").count("RUNNING") == self.instances + 1:  # supervisord's startsecs are over too
                     return
             time.sleep(0.02)
         raise AssertionError(f"cluster not serving on all instances (saw {sorted(seen)}):\n{self.logs()}")
@@ -197,6 +181,18 @@ def test_health_checks_through_nginx_reach_all_four_instances(cluster: Cluster) 
     ports = [instance_port(http_get(cluster.port, "/healthz")[2]) for _ in range(8 * INSTANCES)]
     assert set(ports) == set(cluster.instance_ports)
     assert all(ports.count(port) >= 4 for port in cluster.instance_ports), sorted(ports)  # round robin
+
+
+def test_any_number_of_instances_gets_a_port_of_its_own(tmp_path: Path) -> None:
+    """TINY_CLUSTER_SIZE=12: twelve instances on twelve consecutive ports, every one reached
+    through nginx (the former pattern 800%(process_num)d gave the tenth port 80010)."""
+    running = Cluster(tmp_path, instances=12)
+    try:
+        running.start(timeout=90)  # waits until nginx has reached every one of the twelve ports
+        upstreams = (tmp_path / "var" / "nginx" / "upstreams.conf").read_text()
+        assert upstreams.count("server 127.0.0.1:") == 12
+    finally:
+        running.stop()
 
 
 def _ingest_counts(cluster: Cluster) -> list[int]:

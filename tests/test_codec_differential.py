@@ -17,7 +17,6 @@ import os
 import random
 from collections.abc import Callable
 from datetime import date, time
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -25,12 +24,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tiny.codec import COLUMNS, STRING_FIELDS, encode_reference
+from tiny.codec import STRING_FIELDS, encode_reference
 from tiny.cranlog import ndjson_lines
+from tiny.layout import COLUMNS
+from tiny.testing import SAMPLE_DAY
 
 tiny_codec = pytest.importorskip("tiny_codec", reason="tiny_codec (the Rust codec) is not built: run `make codec`")
 
-SAMPLE = Path(__file__).resolve().parents[1].parent / "shared/data/cran-logs/2014-05-04.csv.gz"
+SAMPLE = SAMPLE_DAY
 EXAMPLES = int(os.environ.get("TINY_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -47,6 +48,7 @@ def assert_same(body: bytes) -> None:
 
 
 # --- the real sample day -------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def sample_lines() -> list[bytes]:
@@ -123,9 +125,28 @@ INT_EDGES = [-(2**63) - 1, -(2**63), -1, 0, 1, 2, 2**31, 2**63 - 1, 2**63, 2**64
 integers = st.one_of(st.integers(-(2**70), 2**70).map(lambda i: str(i).encode()), raw(INT_EDGES), raw([b"-0"]))
 floats = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False).map(lambda f: repr(f).encode()),
-    raw([b"1.0", b"0.0", b"-0.0", b"1E2", b"1e+2", b"1e-2", b"1e400", b"-1e400", b"1e-400", b"0e400",
-         b"1.7976931348623157e308", b"1.7976931348623158e308", b"1.7976931348623159e308",
-         b"1" + b"0" * 308, b"1" + b"0" * 309, b"9" * 400, b"1" + b"0" * 30 + b".5", b"1.5e3"]),
+    raw(
+        [
+            b"1.0",
+            b"0.0",
+            b"-0.0",
+            b"1E2",
+            b"1e+2",
+            b"1e-2",
+            b"1e400",
+            b"-1e400",
+            b"1e-400",
+            b"0e400",
+            b"1.7976931348623157e308",
+            b"1.7976931348623158e308",
+            b"1.7976931348623159e308",
+            b"1" + b"0" * 308,
+            b"1" + b"0" * 309,
+            b"9" * 400,
+            b"1" + b"0" * 30 + b".5",
+            b"1.5e3",
+        ]
+    ),
 )
 not_numbers = raw([b"01", b"-01", b"-", b"1.", b".5", b"+1", b"NaN", b"Infinity", b"-Infinity", b"1e", b"0x10", b"1_0"])
 literals = raw([b"true", b"false", b"null"])
@@ -175,16 +196,50 @@ PLAIN: dict[str, st.SearchStrategy[bytes]] = {
 DATES = st.one_of(
     st.dates().map(date.isoformat),
     st.from_regex(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", fullmatch=True),
-    st.sampled_from(["2014-02-30", "0000-01-01", "2014-13-01", "2014-00-01", "2014-01-00", "2013-02-29",
-                     "1900-02-29", "2000-02-29", "2012-02-29", "2014-04-31", "2014-5-04", "2014-05-04 ",
-                     " 2014-05-04", "2014/05/04", "２０１４-05-04", "2014-05-04\n", "10000-01-01", "9999-12-31",
-                     "0001-01-01", "", "2014-05-04T00:00:00"]),
+    st.sampled_from(
+        [
+            "2014-02-30",
+            "0000-01-01",
+            "2014-13-01",
+            "2014-00-01",
+            "2014-01-00",
+            "2013-02-29",
+            "1900-02-29",
+            "2000-02-29",
+            "2012-02-29",
+            "2014-04-31",
+            "2014-5-04",
+            "2014-05-04 ",
+            " 2014-05-04",
+            "2014/05/04",
+            "２０１４-05-04",
+            "2014-05-04\n",
+            "10000-01-01",
+            "9999-12-31",
+            "0001-01-01",
+            "",
+            "2014-05-04T00:00:00",
+        ]
+    ),
 )
 TIMES = st.one_of(
     st.times().map(iso_time),
     st.from_regex(r"[0-9]{2}:[0-9]{2}:[0-9]{2}", fullmatch=True),
-    st.sampled_from(["24:00:00", "23:60:00", "23:59:60", "1:00:00", "00:00:00\n", "00:00", "00:00:00.5", "",
-                     "２3:00:00", "19:59:59", "20:00:00"]),
+    st.sampled_from(
+        [
+            "24:00:00",
+            "23:60:00",
+            "23:59:60",
+            "1:00:00",
+            "00:00:00\n",
+            "00:00",
+            "00:00:00.5",
+            "",
+            "２3:00:00",
+            "19:59:59",
+            "20:00:00",
+        ]
+    ),
 )
 
 
@@ -197,8 +252,11 @@ SPACES = [b"", b"", b"", b"", b"", b" ", b"\t", b"\r", b" \t "]
 
 
 @st.composite
-def record_lines(draw: st.DrawFn, overrides: dict[str, st.SearchStrategy[bytes]] | None = None,
-                 extra: st.SearchStrategy[list[tuple[bytes, bytes]]] | None = None) -> bytes:
+def record_lines(
+    draw: st.DrawFn,
+    overrides: dict[str, st.SearchStrategy[bytes]] | None = None,
+    extra: st.SearchStrategy[list[tuple[bytes, bytes]]] | None = None,
+) -> bytes:
     """One object line: the ten fields (values from ``overrides``, else PLAIN or VALID), ``extra`` members,
     in a random order, compact or with random whitespace around tokens, some keys escaped."""
     values = {**(PLAIN if draw(st.booleans()) else VALID), **(overrides or {})}
@@ -235,13 +293,15 @@ def bodies(draw: st.DrawFn, lines: st.SearchStrategy[bytes], max_lines: int = 4)
     return body if draw(st.booleans()) else body.rstrip(b"\r\n")
 
 
-def one_field(values: Callable[[str], st.SearchStrategy[bytes]], names: tuple[str, ...] = COLUMNS
-              ) -> st.SearchStrategy[bytes]:
+def one_field(
+    values: Callable[[str], st.SearchStrategy[bytes]], names: tuple[str, ...] = COLUMNS
+) -> st.SearchStrategy[bytes]:
     """Record lines where one field (of ``names``) takes its value from ``values(name)``."""
     return st.sampled_from(names).flatmap(lambda name: record_lines({name: values(name)}))
 
 
 # --- properties ---------------------------------------------------------------------------------
+
 
 @FUZZ
 @given(bodies(record_lines()))
@@ -288,11 +348,19 @@ def test_string_length_limit_of_1024_characters_matches(body: bytes) -> None:
 
 
 @FUZZ
-@given(bodies(record_lines(
-    {name: st.one_of(VALID[name], raw([ABSENT, b"null"])) for name in COLUMNS},
-    extra=st.lists(st.sampled_from(COLUMNS).flatmap(
-        lambda name: st.tuples(key(name), st.one_of(VALID[name], raw([b"null", b"1", b'"x"'])))), max_size=4),
-)))
+@given(
+    bodies(
+        record_lines(
+            {name: st.one_of(VALID[name], raw([ABSENT, b"null"])) for name in COLUMNS},
+            extra=st.lists(
+                st.sampled_from(COLUMNS).flatmap(
+                    lambda name: st.tuples(key(name), st.one_of(VALID[name], raw([b"null", b"1", b'"x"'])))
+                ),
+                max_size=4,
+            ),
+        )
+    )
+)
 def test_null_absent_and_duplicate_fields_match(body: bytes) -> None:
     assert_same(body)
 
@@ -318,18 +386,28 @@ depths = st.integers(1018, 1026)
 
 
 @settings(FUZZ, max_examples=max(20, EXAMPLES // 5))
-@given(bodies(st.one_of(
-    nested(depths),
-    record_lines(extra=st.tuples(unknown_keys, nested(depths)).map(lambda member: [member])),
-    one_field(lambda _: nested(depths)),
-), max_lines=3))
+@given(
+    bodies(
+        st.one_of(
+            nested(depths),
+            record_lines(extra=st.tuples(unknown_keys, nested(depths)).map(lambda member: [member])),
+            one_field(lambda _: nested(depths)),
+        ),
+        max_lines=3,
+    )
+)
 def test_nesting_depth_around_1024_matches(body: bytes) -> None:
     assert_same(body)
 
 
 @FUZZ
-@given(bodies(st.one_of(json_values, scalars, not_numbers).flatmap(
-    lambda value: st.tuples(spaces, spaces).map(lambda ws: ws[0] + value + ws[1]))))
+@given(
+    bodies(
+        st.one_of(json_values, scalars, not_numbers).flatmap(
+            lambda value: st.tuples(spaces, spaces).map(lambda ws: ws[0] + value + ws[1])
+        )
+    )
+)
 def test_json_values_that_are_not_objects_match(body: bytes) -> None:
     assert_same(body)
 
@@ -338,25 +416,44 @@ def test_json_values_that_are_not_objects_match(body: bytes) -> None:
 def near_overflow(draw: st.DrawFn) -> bytes:
     """Decimal texts around f64's largest value and the int range, in several spellings."""
     sign = draw(st.sampled_from([b"", b"-"]))
-    digits = draw(st.sampled_from([b"17976931348623157", b"179769313486231580793", b"1797693134862315807937",
-                                   b"17976931348623159", b"18446744073709551615", b"9223372036854775808"]))
+    digits = draw(
+        st.sampled_from(
+            [
+                b"17976931348623157",
+                b"179769313486231580793",
+                b"1797693134862315807937",
+                b"17976931348623159",
+                b"18446744073709551615",
+                b"9223372036854775808",
+            ]
+        )
+    )
     digits += draw(st.text("0123456789", max_size=4)).encode()
     point = draw(st.integers(1, len(digits)))
     exponent = draw(st.integers(300, 312)) - point + 1
-    return draw(st.sampled_from([
-        sign + digits[:point] + b"." + digits[point:] + b"e" + str(exponent).encode() if point < len(digits)
-        else sign + digits + b"e" + str(exponent).encode(),
-        sign + digits + b"0" * draw(st.integers(285, 295)),
-        sign + digits,
-        sign + digits + b"E+" + str(exponent - len(digits) + point).encode(),
-    ]))
+    return draw(
+        st.sampled_from(
+            [
+                sign + digits[:point] + b"." + digits[point:] + b"e" + str(exponent).encode()
+                if point < len(digits)
+                else sign + digits + b"e" + str(exponent).encode(),
+                sign + digits + b"0" * draw(st.integers(285, 295)),
+                sign + digits,
+                sign + digits + b"E+" + str(exponent - len(digits) + point).encode(),
+            ]
+        )
+    )
 
 
 @FUZZ
-@given(bodies(st.one_of(
-    record_lines(extra=st.tuples(unknown_keys, near_overflow()).map(lambda member: [member])),
-    one_field(lambda _: near_overflow(), ("size", "ip_id", "date")),
-)))
+@given(
+    bodies(
+        st.one_of(
+            record_lines(extra=st.tuples(unknown_keys, near_overflow()).map(lambda member: [member])),
+            one_field(lambda _: near_overflow(), ("size", "ip_id", "date")),
+        )
+    )
+)
 def test_numbers_near_float_overflow_and_int_range_match(body: bytes) -> None:
     assert_same(body)
 
@@ -367,14 +464,34 @@ def escaped_key(name: str) -> st.SearchStrategy[bytes]:
 
 
 @FUZZ
-@given(bodies(st.sampled_from(COLUMNS).flatmap(lambda name: record_lines(
-    extra=st.tuples(escaped_key(name), st.one_of(VALID[name], json_values)).map(lambda member: [member])))))
+@given(
+    bodies(
+        st.sampled_from(COLUMNS).flatmap(
+            lambda name: record_lines(
+                extra=st.tuples(escaped_key(name), st.one_of(VALID[name], json_values)).map(lambda member: [member])
+            )
+        )
+    )
+)
 def test_keys_written_with_escapes_match(body: bytes) -> None:
     assert_same(body)
 
 
-bad_utf8 = st.sampled_from([b"\xff", b"\xfe", b"\x80", b"\xc0\x80", b"\xc3", b"\xe2\x82", b"\xed\xa0\x80",
-                            b"\xed\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf8\x88\x80\x80\x80", b"\xef\xbb\xbf"])
+bad_utf8 = st.sampled_from(
+    [
+        b"\xff",
+        b"\xfe",
+        b"\x80",
+        b"\xc0\x80",
+        b"\xc3",
+        b"\xe2\x82",
+        b"\xed\xa0\x80",
+        b"\xed\xbf\xbf",
+        b"\xf4\x90\x80\x80",
+        b"\xf8\x88\x80\x80\x80",
+        b"\xef\xbb\xbf",
+    ]
+)
 
 
 @st.composite
@@ -382,7 +499,7 @@ def spliced(draw: st.DrawFn, lines: st.SearchStrategy[bytes], pieces: st.SearchS
     line = draw(lines)
     at = draw(st.integers(0, len(line)))
     cut = draw(st.sampled_from([0, 0, 0, 1]))
-    return line[:at] + draw(pieces) + line[at + cut:]
+    return line[:at] + draw(pieces) + line[at + cut :]
 
 
 @FUZZ
@@ -392,30 +509,80 @@ def test_invalid_utf8_bytes_anywhere_in_a_line_match(body: bytes) -> None:
 
 
 @FUZZ
-@given(st.lists(st.one_of(record_lines(), raw([b"", b" ", b"\t", b"\r", b"\r\r", b" \t\r ", b"\x0b", b"\x0c", b"{}"])),
-                max_size=8),
-       st.lists(st.sampled_from([b"\n", b"\r\n", b"\r", b"\n\r", b"\r\r\n"]), min_size=8, max_size=8))
+@given(
+    st.lists(
+        st.one_of(record_lines(), raw([b"", b" ", b"\t", b"\r", b"\r\r", b" \t\r ", b"\x0b", b"\x0c", b"{}"])),
+        max_size=8,
+    ),
+    st.lists(st.sampled_from([b"\n", b"\r\n", b"\r", b"\n\r", b"\r\r\n"]), min_size=8, max_size=8),
+)
 def test_crlf_blank_lines_and_line_numbers_match(lines: list[bytes], ends: list[bytes]) -> None:
     assert_same(b"".join(line + end for line, end in zip(lines, ends, strict=False)))
 
 
-json_bytes = st.sampled_from([b"{", b"}", b"[", b"]", b",", b":", b'"', b"\\", b"\\u", b"\\ud800", b"0", b"-",
-                              b".", b"e", b"n", b"t", b" ", b"\x00", b"\x1f", b"\r"])
+json_bytes = st.sampled_from(
+    [
+        b"{",
+        b"}",
+        b"[",
+        b"]",
+        b",",
+        b":",
+        b'"',
+        b"\\",
+        b"\\u",
+        b"\\ud800",
+        b"0",
+        b"-",
+        b".",
+        b"e",
+        b"n",
+        b"t",
+        b" ",
+        b"\x00",
+        b"\x1f",
+        b"\r",
+    ]
+)
 
 
 @FUZZ
-@given(bodies(st.one_of(
-    record_lines().flatmap(lambda line: st.integers(0, len(line)).map(lambda n: line[:n])),
-    spliced(record_lines(), json_bytes),
-    spliced(record_lines(), st.just(b"")),
-)))
+@given(
+    bodies(
+        st.one_of(
+            record_lines().flatmap(lambda line: st.integers(0, len(line)).map(lambda n: line[:n])),
+            spliced(record_lines(), json_bytes),
+            spliced(record_lines(), st.just(b"")),
+        )
+    )
+)
 def test_truncated_and_corrupted_lines_match(body: bytes) -> None:
     assert_same(body)
 
 
 @FUZZ
-@given(st.lists(st.one_of(json_bytes, raw([b'"date"', b'"size"', b'"2014-05-04"', b"true", b"null", b"1e400",
-                                           b"\\u0061", b"\\udc00", b"\n", b"\xff"])), max_size=40).map(b"".join))
+@given(
+    st.lists(
+        st.one_of(
+            json_bytes,
+            raw(
+                [
+                    b'"date"',
+                    b'"size"',
+                    b'"2014-05-04"',
+                    b"true",
+                    b"null",
+                    b"1e400",
+                    b"\\u0061",
+                    b"\\udc00",
+                    b"\n",
+                    b"\xff",
+                ]
+            ),
+        ),
+        max_size=40,
+    ).map(b"".join)
+)
 def test_json_token_soup_matches(body: bytes) -> None:
     assert_same(body)
 

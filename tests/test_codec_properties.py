@@ -18,13 +18,15 @@ from tiny.cranlog import parse_row
 
 EXAMPLES = int(os.environ.get("TINY_FUZZ_EXAMPLES", "300"))
 _text = st.text(st.characters(min_codepoint=0x20, blacklist_categories=("Cs",)), max_size=40)
-_records = st.fixed_dictionaries({
-    "date": st.dates().map(lambda d: d.isoformat()),
-    "time": st.times().map(lambda t: t.strftime("%H:%M:%S")),
-    "size": st.integers(0, 2**64 - 1),
-    **{name: st.one_of(st.none(), _text) for name in codec.STRING_FIELDS},
-    "ip_id": st.integers(1, 2**64 - 1),
-})
+_records = st.fixed_dictionaries(
+    {
+        "date": st.dates().map(lambda d: d.isoformat()),
+        "time": st.times().map(lambda t: t.strftime("%H:%M:%S")),
+        "size": st.integers(0, 2**64 - 1),
+        **{name: st.one_of(st.none(), _text) for name in codec.STRING_FIELDS},
+        "ip_id": st.integers(1, 2**64 - 1),
+    }
+)
 
 
 def _each_codec(check: Callable[[Callable[[bytes], tuple[Any, ...]]], None]) -> None:

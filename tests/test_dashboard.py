@@ -35,8 +35,17 @@ pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)"),
     pytest.mark.timeout(120),
 ]
-_BROWSER_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1800",
-                  "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--mute-audio")
+_BROWSER_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--hide-scrollbars",
+    "--window-size=1400,1800",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-extensions",
+    "--mute-audio",
+)
 
 
 @pytest.fixture(scope="module")

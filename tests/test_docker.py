@@ -12,8 +12,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -23,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT, Load, http_get, record
+from tiny.testing import compose_command, docker_unavailable, free_port
 
 _TIMEOUT = 10.0
 _BUILD_TIMEOUT = 900.0  # a cold `make images-offline` (Debian root, both images) takes about a minute
@@ -32,43 +31,12 @@ def _run(args: list[str], timeout: float = 120.0, **kwargs: object) -> subproces
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)  # type: ignore[call-overload,no-any-return]
 
 
-def _skip_reason() -> str | None:
-    if os.environ.get("TINY_DOCKER_TESTS", "1") == "0":
-        return "TINY_DOCKER_TESTS=0"
-    if shutil.which("docker") is None:
-        return "no docker command"
-    try:
-        info = _run(["docker", "info"], timeout=30)
-    except subprocess.TimeoutExpired:
-        return "`docker info` did not answer in 30 s"
-    if info.returncode != 0:
-        return "`docker info` failed: " + (info.stderr.strip().splitlines() or ["?"])[-1]
-    return None
-
-
-def _compose_command() -> list[str] | None:
-    try:
-        if _run(["docker", "compose", "version"], timeout=30).returncode == 0:
-            return ["docker", "compose"]
-    except subprocess.TimeoutExpired:
-        pass
-    return ["docker-compose"] if shutil.which("docker-compose") else None
-
-
-_REASON = _skip_reason()
-_COMPOSE = None if _REASON else _compose_command()
-if _REASON is None and _COMPOSE is None:
-    _REASON = "neither `docker compose` nor `docker-compose` works"
+_REASON = "TINY_DOCKER_TESTS=0" if os.environ.get("TINY_DOCKER_TESTS") == "0" else docker_unavailable()
+_COMPOSE = None if _REASON else compose_command()
 if _REASON:
     print(f"tests/test_docker.py skipped: {_REASON}")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.skipif(bool(_REASON), reason=str(_REASON))]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Stack:
@@ -77,7 +45,7 @@ class Stack:
     def __init__(self, home: Path) -> None:
         assert _COMPOSE is not None
         self.project = "tinytest" + uuid.uuid4().hex[:8]
-        self.port = _free_port()
+        self.port = free_port()
         self.data = home / "data"
         self.data.mkdir()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("TINY_")}

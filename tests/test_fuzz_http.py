@@ -43,9 +43,16 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, d
 def _save_figures(tally: dict[str, int], rows: int, rejects: int) -> None:
     target = os.environ.get("TINY_FIGURES_FILE")
     if target:
-        entry = {"test": __name__, "outcome": "passed", "case": "HTTP fuzzing of /ingest (hypothesis)",
-                 "examples": EXAMPLES, "posts": tally["posts"], "non_blank_lines_in_200s": tally["lines"],
-                 "five_xx": tally["five_xx"], "accounted": f"{rows} rows + {rejects} rejects = {tally['counted']}"}
+        entry = {
+            "test": __name__,
+            "outcome": "passed",
+            "case": "HTTP fuzzing of /ingest (hypothesis)",
+            "examples": EXAMPLES,
+            "posts": tally["posts"],
+            "non_blank_lines_in_200s": tally["lines"],
+            "five_xx": tally["five_xx"],
+            "accounted": f"{rows} rows + {rejects} rejects = {tally['counted']}",
+        }
         with open(target, "a", encoding="utf-8") as out:
             out.write(orjson.dumps(entry).decode() + "\n")
 
@@ -100,8 +107,19 @@ def test_fuzzed_requests_never_get_a_5xx_and_every_line_is_accounted_for(
             sent = sent[: data.draw(st.integers(0, len(sent)))]  # truncated
     if encoding is not None:
         headers["Content-Encoding"] = "gzip" if encoding == "gzip-lie" else encoding
-    content_type = data.draw(st.sampled_from([None, "application/x-ndjson", "text/csv", "multipart/form-data",
-                                              "application/json; charset=latin-1", ";;", "\x01"]))
+    content_type = data.draw(
+        st.sampled_from(
+            [
+                None,
+                "application/x-ndjson",
+                "text/csv",
+                "multipart/form-data",
+                "application/json; charset=latin-1",
+                ";;",
+                "\x01",
+            ]
+        )
+    )
     if content_type is not None:
         headers["Content-Type"] = content_type
     try:

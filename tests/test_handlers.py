@@ -284,6 +284,9 @@ def test_a_big_gzip_body_is_decoded_off_the_loop_with_the_same_answer(tmp_path: 
         plain = server.ingest(body).json()
         packed = server.ingest(gzip.compress(body), {"Content-Encoding": "gzip"}).json()
         bomb = server.ingest(gzip.compress(b"\n" * (80 * 1024**2)), {"Content-Encoding": "gzip"})
-    assert plain["result"]["stats"]["records"] == packed["result"]["stats"]["records"] == {
-        "valid": 20_000, "invalid": 0, "total": 20_000}
+    assert (
+        plain["result"]["stats"]["records"]
+        == packed["result"]["stats"]["records"]
+        == {"valid": 20_000, "invalid": 0, "total": 20_000}
+    )
     assert error(bomb)[0] == 413

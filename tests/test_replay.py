@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, SAMPLE_DAY, Server, rows_of, sample_csv
+from tests.support import ROOT, SAMPLE_DAY, Server, free_port, rows_of, sample_csv
 from tiny.replay import Options, Summary, batches, replay, retry_after
 
 
@@ -79,11 +79,21 @@ def test_503_is_retried_after_retry_after(tmp_path: Path) -> None:
 def test_a_refused_batch_fails_the_replay_with_exit_status_1(tmp_path: Path) -> None:
     source = _small_day(tmp_path / "small.csv", 3)
     with Server(tmp_path / "data", "--token", "s3cret") as server:
-        command = [sys.executable, "-m", "tiny.replay", str(source), "--url", _url(server), "--batch", "2",
-                   "--concurrency", "1", "--no-progress"]
+        command = [
+            sys.executable,
+            "-m",
+            "tiny.replay",
+            str(source),
+            "--url",
+            _url(server),
+            "--batch",
+            "2",
+            "--concurrency",
+            "1",
+            "--no-progress",
+        ]
         refused = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=30)
-        accepted = subprocess.run([*command, "--token", "s3cret"], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=30)
+        accepted = subprocess.run([*command, "--token", "s3cret"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert refused.returncode == 1, refused.stderr
     assert "2 failed" in refused.stdout and "HTTP 401" in refused.stdout
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
@@ -91,11 +101,7 @@ def test_a_refused_batch_fails_the_replay_with_exit_status_1(tmp_path: Path) -> 
 
 
 def test_connection_errors_are_retried_a_bounded_number_of_times(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as sock:  # a port that nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens on it
     source = _small_day(tmp_path / "small.csv", 1)
     started = time.monotonic()
     summary = replay(Options(source, f"http://127.0.0.1:{port}/ingest", concurrency=1, retries=2))

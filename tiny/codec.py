@@ -33,9 +33,7 @@ import orjson
 
 from tiny.profiling import profile
 
-COLUMNS = ("date", "time", "size", "r_version", "r_arch", "r_os", "package", "version", "country", "ip_id")
-HEADER = b'"date","time","size","r_version","r_arch","r_os","package","version","country","ip_id"\n'
-STRING_FIELDS = ("r_version", "r_arch", "r_os", "package", "version", "country")
+STRING_FIELDS = ("r_version", "r_arch", "r_os", "package", "version", "country")  # strings, or NA
 MAX_STRING = 1024  # characters (code points), not bytes
 
 # Integers keep orjson's range: it decodes -2**63 .. 2**64-1 as int and anything wider as

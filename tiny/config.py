@@ -31,6 +31,10 @@ class Config:
     idle_timeout: float = 60.0
     body_timeout: float = 60.0
     drain_timeout: float = 8.0
+    analytics_processes: int = 1
+    analytics_threads: int = 1
+    analytics_nice: str = "idle"
+    analytics_max_queued: int = 32
 
     def worker_count(self) -> int:
         """The number of worker processes: ``processes``, or one per usable core when 0."""
@@ -86,6 +90,21 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def _niceness(text: str) -> str:
+    """``idle`` (SCHED_IDLE) or a nice value 0-19."""
+    text = text.strip().lower()
+    if text != "idle" and not (text.isdigit() and 0 <= int(text) <= 19):
+        raise argparse.ArgumentTypeError("must be 'idle' or a nice value 0-19")
+    return text
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -106,6 +125,10 @@ _FLAGS: list[tuple[str, object, str]] = [
     ("idle_timeout", _seconds, "seconds a connection may idle or take to send its headers"),
     ("body_timeout", _seconds, "seconds a client may take to send a request body"),
     ("drain_timeout", _seconds, "seconds SIGTERM waits for requests in flight before exiting"),
+    ("analytics_processes", _positive_int, "analytics pool processes per worker (started on the first query)"),
+    ("analytics_threads", _positive_int, "polars threads in each analytics pool process"),
+    ("analytics_nice", _niceness, "CPU priority of the analytics pool: 'idle' (SCHED_IDLE) or a nice value 0-19"),
+    ("analytics_max_queued", _positive_int, "distinct analytics computations queued per worker before 503"),
 ]
 
 

@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import orjson
 
-from tiny.codec import COLUMNS
+from tiny.layout import COLUMNS
 
 _FIELD = re.compile(r'"((?:[^"]|"")*)"|([^,"]*)')
 

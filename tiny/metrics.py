@@ -3,7 +3,7 @@
 prometheus-client's multiprocess mode: each process writes its values to mmap files in
 ``PROMETHEUS_MULTIPROC_DIR``, and a scrape merges all files. The variable must be set
 before prometheus_client is first imported (it picks its value class at import), which is
-why :func:`tiny.workers.serve` sets it and imports this module only afterwards.
+why :func:`tiny.prefork.serve` sets it and imports this module only afterwards.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The rejects file format: DATA_DIR/rejects/<UTC date received>.ndjson.
+"""The rejects file format (the file is tiny.layout.rejects_file: rejects/<UTC date received>.ndjson).
 
 One JSON object per refused input line, so that rows written + lines here = lines sent::
 
@@ -16,11 +16,6 @@ from collections.abc import Iterable
 from datetime import datetime
 
 import orjson
-
-
-def file_name(received: datetime) -> str:
-    """The rejects file, relative to DATA_DIR, for a request received at ``received`` (UTC)."""
-    return f"rejects/{received:%Y-%m-%d}.ndjson"
 
 
 def render(rejects: Iterable[tuple[int, str, bytes]], received: datetime) -> bytes:

@@ -278,8 +278,9 @@ def replay(options: Options, progress: IO[str] | None = None, lines: Iterable[by
                     bar.show(summary)
         poster.close()
 
-    threads = [threading.Thread(target=worker, args=(p,), name=f"replay-{i}", daemon=True)
-               for i, p in enumerate(posters)]
+    threads = [
+        threading.Thread(target=worker, args=(p,), name=f"replay-{i}", daemon=True) for i, p in enumerate(posters)
+    ]
     for thread in threads:
         thread.start()
     try:
@@ -324,14 +325,21 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, argparse.Nam
     parser.add_argument("file", type=Path, help="a CRAN log file, .csv or .csv.gz")
     parser.add_argument("--url", default=Options.url, help="the /ingest URL (default %(default)s)")
     parser.add_argument("--batch", type=int, default=Options.batch, help="records per request (default %(default)s)")
-    parser.add_argument("--concurrency", type=int, default=Options.concurrency,
-                        help="connections posting at once (default %(default)s; 1 keeps the file order)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=Options.concurrency,
+        help="connections posting at once (default %(default)s; 1 keeps the file order)",
+    )
     parser.add_argument("--token", help="bearer token (the server's --token)")
     parser.add_argument("--gzip", action="store_true", help="send gzip-compressed bodies")
     parser.add_argument("--retries", type=int, default=Options.retries, help="per batch (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=Options.timeout, help="socket timeout, seconds")
-    parser.add_argument("--no-resend", action="store_true",
-                        help="fail a batch whose connection broke after it was sent, instead of resending it")
+    parser.add_argument(
+        "--no-resend",
+        action="store_true",
+        help="fail a batch whose connection broke after it was sent, instead of resending it",
+    )
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--progress", action="store_true", help="show the progress line even if stderr is no tty")
     shown.add_argument("--no-progress", action="store_true", help="no progress line")
@@ -341,8 +349,17 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, argparse.Nam
         parser.error("--batch and --concurrency must be at least 1, --retries at least 0")
     if not args.file.exists():
         parser.error(f"no such file: {args.file}")
-    options = Options(args.file, args.url, args.batch, args.concurrency, args.token, args.gzip, args.retries,
-                      args.timeout, not args.no_resend)
+    options = Options(
+        args.file,
+        args.url,
+        args.batch,
+        args.concurrency,
+        args.token,
+        args.gzip,
+        args.retries,
+        args.timeout,
+        not args.no_resend,
+    )
     return options, args
 
 

@@ -27,7 +27,7 @@ from types import FrameType
 from tiny import __version__
 from tiny.config import Config
 
-log = logging.getLogger("tiny.workers")
+log = logging.getLogger("tiny.prefork")
 _RESTART_BACKOFF_SECONDS = 1.0
 _KILL_GRACE_SECONDS = 2.0
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
@@ -53,7 +53,7 @@ def bind_sockets(config: Config, count: int) -> list[socket.socket]:
 def serve(config: Config) -> int:
     """Run the server until it is stopped; returns the process exit code."""
     metrics_dir = tempfile.mkdtemp(prefix="tiny-metrics-")
-    # prometheus-client reads this when first imported, so it is set before tiny.server loads.
+    # prometheus-client reads this when first imported, so it is set before tiny.worker loads.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
         config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,7 @@ def serve(config: Config) -> int:
             config.durability,
         )
         if count == 1:  # no fork: kernprof and debuggers see the work in this process
-            from tiny.server import run_worker
+            from tiny.worker import run_worker
 
             return run_worker(config, sockets[0])
         return _Supervisor(config, sockets).run()
@@ -126,7 +126,7 @@ class _Supervisor:
         parent = os.getpid()
         # Block the stop signals across the fork: the child must not run the parent's
         # handlers, and it unblocks them only once its event loop handles them
-        # (tiny.server), so a SIGTERM that comes early waits instead of killing it.
+        # (tiny.worker), so a SIGTERM that comes early waits instead of killing it.
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         pid = os.fork()
         if pid:
@@ -140,7 +140,7 @@ class _Supervisor:
             for other, sock in enumerate(self.sockets):
                 if other != index:
                     sock.close()
-            from tiny.server import run_worker
+            from tiny.worker import run_worker
 
             code = run_worker(self.config, self.sockets[index], parent_pid=parent)
         except BaseException:

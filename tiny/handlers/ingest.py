@@ -1,38 +1,20 @@
-"""HTTP handlers: /ingest, /healthz, /metrics, and the one JSON error shape for them all.
-
-Every non-200 answer is ``{"error": {"status": S, "message": "..."}}``; the message is
-meant for the client and never carries internals.
-"""
+"""``POST /ingest``: the HTTP side of the data flow, handler -> codec -> rejects -> sink."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import logging
-import os
-import socket
-import time
 import zlib
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import orjson
 from tornado import web
 
-from tiny import codec, metrics, rejects
-from tiny.config import Config
+from tiny import codec, layout, rejects
+from tiny.handlers.base import APIError, Deps, JSONHandler
 from tiny.profiling import profile
-from tiny.sink import BacklogFull, DailyFileSink, SinkError
-
-log = logging.getLogger("tiny.handlers")
+from tiny.sink import BacklogFull, SinkError
 
 MAX_ERRORS = 10  # per-line errors listed in a 200 answer; all of them go to rejects/
-# Header limits, answered with a JSON 431. Tornado itself reads up to HEADER_READ_LIMIT and
-# closes the connection without an answer past it (tiny.server), which bounds the memory.
-MAX_HEADER_BYTES = 64 * 1024
-MAX_HEADERS = 100
-HEADER_READ_LIMIT = 1024 * 1024
 INLINE_DECODE_BYTES = 1024 * 1024  # bodies up to this are decoded on the event loop itself
 NDJSON_TYPES = frozenset(
     {
@@ -50,97 +32,7 @@ NDJSON_TYPES = frozenset(
 )
 
 
-@dataclass
-class ServerState:
-    """What the handlers of one worker process share besides config, sink and metrics."""
-
-    instance: str
-    started: float = field(default_factory=time.monotonic)
-    draining: bool = False
-    in_flight: int = 0
-
-
-class APIError(web.HTTPError):
-    """An error whose ``message`` is shown to the client, with optional extra headers."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(status, "%s", message)
-        self.message = message
-        self.headers = headers or {}
-
-
-def instance_name(port: int) -> str:
-    """``<hostname>:<port>/<pid>``: which process answered (for /healthz and load tests)."""
-    return f"{socket.gethostname()}:{port}/{os.getpid()}"
-
-
-class JSONHandler(web.RequestHandler):
-    """Base: JSON bodies, the JSON error shape, request metrics."""
-
-    name = "other"
-
-    def initialize(self, config: Config, state: ServerState, metrics: metrics.Metrics, sink: DailyFileSink) -> None:
-        self.config = config
-        self.state = state
-        self.metrics = metrics
-        self.sink = sink
-
-    def set_default_headers(self) -> None:
-        self.set_header("Content-Type", "application/json")
-
-    def prepare(self) -> None:
-        self.check_headers()
-
-    def check_headers(self) -> None:
-        """431 for more than MAX_HEADERS headers or MAX_HEADER_BYTES of them."""
-        headers = list(self.request.headers.get_all())
-        if len(headers) > MAX_HEADERS:
-            raise APIError(431, f"more than {MAX_HEADERS} request headers")
-        if sum(len(name) + len(value) + 4 for name, value in headers) > MAX_HEADER_BYTES:
-            raise APIError(431, f"request headers larger than {MAX_HEADER_BYTES} bytes")
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        message = kwargs.get("message")
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, APIError):
-            message = exc.message
-            for name, value in exc.headers.items():
-                self.set_header(name, value)
-        if message is None:
-            message = self._reason
-        if status_code == 405:
-            self.set_header("Allow", ", ".join(getattr(self, "allowed", ("GET",))))
-        if self.state.draining:
-            self.set_header("Connection", "close")
-        self.finish(orjson.dumps({"error": {"status": status_code, "message": message}}))
-
-    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        if isinstance(value, web.HTTPError):  # a client's mistake: a warning, no traceback
-            log.warning(
-                "%d %s %s: %s",
-                value.status_code,
-                self.request.method,
-                self.request.uri,
-                getattr(value, "message", value.log_message),
-            )
-        else:
-            super().log_exception(typ, value, tb)
-
-    def on_finish(self) -> None:
-        self.metrics.observe_request(self.name, self.get_status(), self.request.request_time())
-
-    def check_token(self) -> None:
-        """401 unless the request carries ``Authorization: Bearer <token>`` (when one is set)."""
-        token = self.config.token
-        if token is None:
-            return
-        sent = self.request.headers.get("Authorization", "")
-        # compare_digest: the time taken does not tell how much of the token was right
-        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
-            raise APIError(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="tiny"'})
-
-
-def _gunzip(body: bytes, limit: int) -> bytes:
+def gunzip(body: bytes, limit: int) -> bytes:
     """Decompress a gzip body (one or more members); 413 past ``limit``, 400 if corrupt."""
     out: list[bytes] = []
     size = 0
@@ -180,20 +72,18 @@ class IngestHandler(JSONHandler):
     allowed = ("POST",)
     SUPPORTED_METHODS = ("POST", "GET", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 
-    def initialize(self, config: Config, state: ServerState, metrics: metrics.Metrics, sink: DailyFileSink) -> None:
-        super().initialize(config, state, metrics, sink)
+    def initialize(self, deps: Deps) -> None:
+        super().initialize(deps)
         self._chunks: list[bytes] = []
         self._received = 0
         self._counted = False
 
     def prepare(self) -> None:
-        self.state.in_flight += 1
         self._counted = True
+        self.deps.drain.in_flight += 1
         super().prepare()  # header limits
         if self.request.method != "POST":
             raise APIError(405, "use POST to send records")
-        if self.state.draining:  # served during the drain grace; the client should reconnect
-            self.set_header("Connection", "close")
         self.check_token()
         encoding = self.request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("identity", "gzip", "x-gzip", ""):
@@ -241,22 +131,23 @@ class IngestHandler(JSONHandler):
             batch = await loop.run_in_executor(None, self._decode, body)
         else:
             batch = self._decode(body)
-        chunks = {f"{day}.csv": rows for day, rows in batch.days.items()}
+        chunks = {layout.day_file(day): rows for day, rows in batch.days.items()}
         if batch.rejects:
             now = datetime.now(UTC)
-            chunks[rejects.file_name(now)] = rejects.render(batch.rejects, now)
+            chunks[layout.rejects_file(now)] = rejects.render(batch.rejects, now)
         if chunks:
             try:
-                await self.sink.append(chunks)
+                await self.deps.sink.append(chunks)
             except BacklogFull:
                 raise APIError(
                     503, "too many writes are waiting for the disk; retry later", {"Retry-After": "1"}
                 ) from None
             except SinkError as exc:
                 raise APIError(503, f"{exc}; nothing of this request was kept", {"Retry-After": "5"}) from None
-        self.metrics.bytes_in.inc(received)
-        self.metrics.valid.inc(batch.valid)
-        self.metrics.invalid.inc(batch.invalid)
+        metrics = self.deps.metrics
+        metrics.bytes_in.inc(received)
+        metrics.valid.inc(batch.valid)
+        metrics.invalid.inc(batch.invalid)
         self.finish(
             orjson.dumps(
                 {
@@ -278,13 +169,13 @@ class IngestHandler(JSONHandler):
 
     def _decode(self, body: bytes) -> codec.Batch:
         if self._gzip:
-            body = _gunzip(body, self.config.max_body)
+            body = gunzip(body, self.config.max_body)
         return codec.encode(body)
 
     def _done(self) -> None:
         if self._counted:
             self._counted = False
-            self.state.in_flight -= 1
+            self.deps.drain.in_flight -= 1
 
     def on_finish(self) -> None:
         self._done()
@@ -293,46 +184,3 @@ class IngestHandler(JSONHandler):
     def on_connection_close(self) -> None:
         self._done()
         super().on_connection_close()
-
-
-class HealthHandler(JSONHandler):
-    """``GET /healthz``: 200 ``{"status": "ok", "instance": ...}``; 503 while shutting down."""
-
-    name = "healthz"
-
-    def get(self) -> None:
-        status = "draining" if self.state.draining else "ok"
-        if self.state.draining:
-            self.set_status(503)
-            self.set_header("Connection", "close")
-        self.finish(
-            orjson.dumps(
-                {
-                    "status": status,
-                    "instance": self.state.instance,
-                    "pid": os.getpid(),
-                    "codec": codec.CODEC,
-                    "durability": self.config.durability,
-                    "backlog_bytes": self.sink.backlog,
-                    "uptime_seconds": round(time.monotonic() - self.state.started, 3),
-                }
-            )
-        )
-
-
-class MetricsHandler(JSONHandler):
-    """``GET /metrics``: Prometheus text format, summed over all worker processes."""
-
-    name = "metrics"
-
-    def get(self) -> None:
-        self.set_header("Content-Type", metrics.CONTENT_TYPE)
-        self.finish(metrics.render())
-
-
-class NotFoundHandler(JSONHandler):
-    """Any other path: 404 in the JSON error shape."""
-
-    def prepare(self) -> None:
-        super().prepare()
-        raise APIError(404, f"no such endpoint: {self.request.path}")

@@ -1,61 +1,31 @@
-"""HTTP handlers of the analytics API (``/api/...``) and of the dashboard page (``/``).
+"""The analytics API, ``GET /api/...``: validate, then await tiny.analytics.service.
 
-Every handler only validates, stats files and awaits :class:`tiny.analytics.Analytics`:
+Every handler only validates, stats files and awaits :class:`tiny.analytics.service.Analytics`:
 the parsing, aggregation and drawing run in the worker's analytics process pool, so these
 requests never hold up ``/ingest`` on the same event loop.
 
 Auth: when ``--token`` is set, every ``/api/...`` request needs ``Authorization: Bearer
-<token>`` like ``/ingest`` (401 otherwise). The page at ``/`` is public: it holds no data,
-asks for the token when the API answers 401, keeps it in the tab's sessionStorage, and sends
-it in the Authorization header (charts too: fetched, then shown from blob: URLs). The token
-never goes into a URL, a cookie or a log.
+<token>`` like ``/ingest`` (401 otherwise); the dashboard page (tiny.handlers.dashboard)
+sends it.
 
-Errors use the JSON shape of tiny.handlers: 400 bad date / ``top`` / ``limit`` / ``ip_id``,
-401 token, 404 no such day (or ip_id on that day, or chart), 405 other methods, 503 +
-Retry-After when too many analytics queries are queued, the analytics process died (it is
-restarted on the next query) or has been stopped because the server is shutting down.
+Errors use the JSON shape of tiny.handlers.base: 400 bad date / ``top`` / ``limit`` /
+``ip_id``, 401 token, 404 no such day (or ip_id on that day, or chart), 405 other methods,
+503 + Retry-After when too many analytics queries are queued, the analytics process died (it
+is restarted on the next query) or has been stopped because the server is shutting down.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
-from base64 import b64encode
 from collections.abc import Awaitable
-from functools import cache
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import orjson
+from tiny import layout
+from tiny.analytics import charts, compute, service
+from tiny.handlers.base import APIError, JSONHandler
 
-from tiny import analytics
-from tiny.analytics import Analytics
-from tiny.config import Config
-from tiny.handlers import APIError, JSONHandler, ServerState
-from tiny.metrics import Metrics
-from tiny.sink import DailyFileSink
-
-_PAGE = Path(__file__).with_name("dashboard.html")
 T = TypeVar("T")
-_DATE = r"([^/]+)"  # anything up to the next slash: a malformed date gets a 400, not a 404
-
-
-def routes(deps: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
-    """The URL specs of the dashboard and the analytics API, for tiny.server.make_app.
-
-    ``deps`` are make_app's four handler dependencies; one :class:`Analytics` (whose pool
-    starts on the first query) is added for this worker process.
-    """
-    api = {**deps, "analytics": Analytics(deps["config"].data_dir)}
-    return [
-        (r"/", DashboardHandler, deps),
-        (r"/api/days", DaysHandler, api),
-        (rf"/api/days/{_DATE}/summary", SummaryHandler, api),
-        (rf"/api/days/{_DATE}/whales", WhalesHandler, api),
-        (rf"/api/days/{_DATE}/whales/hourly", HourlyHandler, api),
-        (rf"/api/days/{_DATE}/whales/([^/]+)/downloads", DownloadsHandler, api),
-        (rf"/api/days/{_DATE}/charts/([^/]+)\.svg", ChartHandler, api),
-    ]
+DATE = r"([^/]+)"  # anything up to the next slash in a URL pattern: a malformed date gets a 400, not a 404
 
 
 class AnalyticsHandler(JSONHandler):
@@ -63,22 +33,14 @@ class AnalyticsHandler(JSONHandler):
 
     name = "api"
 
-    def initialize(  # type: ignore[override]
-        self, config: Config, state: ServerState, metrics: Metrics, sink: DailyFileSink, analytics: Analytics
-    ) -> None:
-        super().initialize(config, state, metrics, sink)
-        self.analytics = analytics
-
     def prepare(self) -> None:
         super().prepare()
-        if self.state.draining:  # served during the drain grace, like /ingest; the client should reconnect
-            self.set_header("Connection", "close")
         self.check_token()
         self.set_header("Cache-Control", "no-cache")  # a day file may grow at any time
 
     def date(self, text: str) -> str:
         try:
-            return analytics.parse_date(text)
+            return layout.parse_day(text)
         except ValueError:
             raise APIError(400, f"not a date YYYY-MM-DD: {text!r}") from None
 
@@ -92,7 +54,7 @@ class AnalyticsHandler(JSONHandler):
         return int(text)
 
     def top(self) -> int:
-        return self.number("top", analytics.DEFAULT_TOP, analytics.MAX_TOP)
+        return self.number("top", compute.DEFAULT_TOP, compute.MAX_TOP)
 
     def ip_id(self, text: str) -> int:
         if not re.fullmatch(r"[0-9]{1,20}", text) or not 1 <= int(text) < 2**64:
@@ -103,15 +65,12 @@ class AnalyticsHandler(JSONHandler):
         """The analytics result, its errors turned into client answers in the one JSON shape."""
         try:
             return await query
-        except analytics.DayNotFound as exc:
+        except service.DayNotFound as exc:
             raise APIError(404, f"no data for day {exc.args[0]}") from None
-        except analytics.WhaleNotFound as exc:
+        except service.WhaleNotFound as exc:
             raise APIError(404, f"ip_id {exc.args[0]} downloaded nothing that day") from None
-        except analytics.Busy:
+        except service.Busy:
             raise APIError(503, "analytics are busy; try again", {"Retry-After": "1"}) from None
-
-    def send_json(self, body: Any) -> None:
-        self.finish(orjson.dumps(body))
 
 
 class DaysHandler(AnalyticsHandler):
@@ -121,7 +80,7 @@ class DaysHandler(AnalyticsHandler):
     """
 
     async def get(self) -> None:
-        self.send_json({"days": await self.answer(self.analytics.days())})
+        self.send_json({"days": await self.answer(self.deps.analytics.days())})
 
 
 class SummaryHandler(AnalyticsHandler):
@@ -133,7 +92,7 @@ class SummaryHandler(AnalyticsHandler):
     """
 
     async def get(self, date: str) -> None:
-        self.send_json(await self.answer(self.analytics.summary(self.date(date), self.top())))
+        self.send_json(await self.answer(self.deps.analytics.summary(self.date(date), self.top())))
 
 
 class WhalesHandler(AnalyticsHandler):
@@ -145,7 +104,7 @@ class WhalesHandler(AnalyticsHandler):
     """
 
     async def get(self, date: str) -> None:
-        self.send_json(await self.answer(self.analytics.whales(self.date(date), self.top())))
+        self.send_json(await self.answer(self.deps.analytics.whales(self.date(date), self.top())))
 
 
 class HourlyHandler(AnalyticsHandler):
@@ -154,7 +113,7 @@ class HourlyHandler(AnalyticsHandler):
     """
 
     async def get(self, date: str) -> None:
-        self.send_json(await self.answer(self.analytics.hourly(self.date(date), self.top())))
+        self.send_json(await self.answer(self.deps.analytics.hourly(self.date(date), self.top())))
 
 
 class DownloadsHandler(AnalyticsHandler):
@@ -168,8 +127,8 @@ class DownloadsHandler(AnalyticsHandler):
 
     async def get(self, date: str, ip_id: str) -> None:
         day, ip = self.date(date), self.ip_id(ip_id)
-        limit = self.number("limit", analytics.DEFAULT_LIMIT, analytics.MAX_LIMIT)
-        self.send_json(await self.answer(self.analytics.downloads(day, ip, limit)))
+        limit = self.number("limit", compute.DEFAULT_LIMIT, compute.MAX_LIMIT)
+        self.send_json(await self.answer(self.deps.analytics.downloads(day, ip, limit)))
 
 
 class ChartHandler(AnalyticsHandler):
@@ -185,46 +144,13 @@ class ChartHandler(AnalyticsHandler):
 
     async def get(self, date: str, view: str) -> None:
         day, top = self.date(date), self.top()
-        if view not in analytics.CHART_VIEWS:
-            raise APIError(404, f"no chart {view!r}; charts: {', '.join(analytics.CHART_VIEWS)}")
+        if view not in charts.VIEWS:
+            raise APIError(404, f"no chart {view!r}; charts: {', '.join(charts.VIEWS)}")
         text = self.get_query_argument("ip_id", None)
         ip_id = self.ip_id(text) if text is not None else None
-        svg = await self.answer(self.analytics.chart(day, view, top, ip_id))
+        svg = await self.answer(self.deps.analytics.chart(day, view, top, ip_id))
         self.set_header("Content-Type", "image/svg+xml")
         # Opened on its own, an SVG is a document: it may run nothing and load nothing.
         self.set_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
         self.set_header("X-Content-Type-Options", "nosniff")
         self.finish(svg)
-
-
-@cache
-def _page() -> tuple[bytes, str]:
-    """The dashboard's bytes and the CSP hash of its one inline script."""
-    page = _PAGE.read_bytes()
-    match = re.search(rb"<script>(.*?)</script>", page, re.S)
-    assert match is not None, "dashboard.html has no inline <script>"
-    return page, "sha256-" + b64encode(hashlib.sha256(match.group(1)).digest()).decode()
-
-
-class DashboardHandler(JSONHandler):
-    """``GET /``: the dashboard page (text/html, no external assets). Public: it holds no data.
-
-    Content-Security-Policy: only its own inline script (by hash) runs, and it may only talk
-    to this origin; images come from blob: URLs the script makes from the chart endpoints.
-    """
-
-    name = "dashboard"
-
-    def get(self) -> None:
-        page, script_hash = _page()
-        if self.state.draining:
-            self.set_header("Connection", "close")
-        self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.set_header(
-            "Content-Security-Policy",
-            f"default-src 'none'; script-src '{script_hash}'; style-src 'unsafe-inline'; "
-            "img-src 'self' blob: data:; connect-src 'self'; base-uri 'none'; form-action 'none'",
-        )
-        self.set_header("X-Content-Type-Options", "nosniff")
-        self.set_header("Referrer-Policy", "no-referrer")
-        self.finish(page)

@@ -1,0 +1,291 @@
+"""The pool side of the analytics: read a day file, aggregate it, answer one whale's downloads.
+
+Everything here runs in an analytics pool process (see :mod:`tiny.analytics.service`), never
+in a worker serving HTTP: the ``*_job`` functions are what the worker submits, and they
+return small, picklable results. The pool process keeps the parsed frame and the aggregate
+of its last ``_FRAME_CACHE`` file versions.
+
+Reading a file that is being appended to: a job reads exactly the first ``size`` bytes (the
+stat its :class:`DayFile` came from) and ignores a last line without its LF (a write in
+progress).
+
+Engine: polars reads the day CSV with quote processing off (bare ``NA`` is missing, a quoted
+``"NA"`` stays the string NA, e.g. Namibia's country code) and unquotes the strings itself;
+a file whose strings hold commas falls back to the exact pure-Python parser
+(:func:`tiny.cranlog.parse_row`). bench/analytics_bench.py measured polars against the
+pure-Python reader (see BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tiny.analytics.names import whale_name
+from tiny.layout import COLUMNS
+
+if TYPE_CHECKING:  # imported in the pool process only: workers never load polars
+    import polars as pl
+
+DEFAULT_TOP = 6
+MAX_TOP = 100  # the aggregate of a day holds this many whales; any top N <= MAX_TOP is derived from it
+DEFAULT_LIMIT = 1000
+MAX_LIMIT = 100_000
+HOURS = 24
+_FRAME_CACHE = 2  # parsed day files a pool process keeps
+_PARENT_POLL_SECONDS = 1.0
+_TAIL = 256
+_STRING_COLUMNS = ("time", "package", "version", "country")
+_USED_COLUMNS = ("time", "size", "package", "version", "country", "ip_id")
+
+_frames: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
+_aggregates: OrderedDict[tuple[str, int, int], dict[str, Any]] = OrderedDict()
+_counted: dict[str, tuple[int, int, bytes]] = {}  # path -> (bytes counted, LFs in them, their last _TAIL bytes)
+
+
+@dataclass(frozen=True)
+class DayFile:
+    """One version of a day file: what a job reads and what a cached result is keyed on."""
+
+    date: str
+    path: str
+    size: int
+    mtime_ns: int
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return (self.size, self.mtime_ns)
+
+
+def pool_init(parent: int, threads: int, niceness: str) -> None:
+    """Runs first in each pool process: threads, priority, signals, and the parent watch."""
+    os.environ["POLARS_MAX_THREADS"] = str(threads)  # read when polars is first imported
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the worker decides
+    if niceness == "idle":
+        # SCHED_IDLE: this process runs only when no normal task wants the CPU, and a waking
+        # ingest worker preempts it at once (a nice 10 task still gets ~10% and a time slice).
+        os.nice(19)
+        with contextlib.suppress(OSError):  # a seccomp profile may refuse it: nice 19 is close
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    elif int(niceness):
+        os.nice(int(niceness))
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="parent-watch").start()
+
+
+def _watch_parent(parent: int) -> None:
+    # A worker killed with -9 cannot stop its pool: the pool process notices and exits.
+    while os.getppid() == parent:
+        time.sleep(_PARENT_POLL_SECONDS)
+    os._exit(0)
+
+
+def read_complete_lines(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of ``path`` up to and including the last LF among them."""
+    with open(path, "rb") as handle:
+        data = handle.read(size)
+    return data[: data.rfind(b"\n") + 1]
+
+
+def count_rows(path: str, size: int) -> int:
+    """Rows (complete lines after the header) among the first ``size`` bytes of a day file.
+
+    Incremental: a file that grew since the last count in this process is counted from where
+    that count stopped, if the bytes just before that point are still the same (a flush the
+    sink cut back and rewrote differently gets a full recount).
+    """
+    known = _counted.pop(path, None)
+    start, lines, tail = 0, 0, b""
+    with open(path, "rb") as handle:
+        if known is not None and known[0] <= size:
+            handle.seek(known[0] - len(known[2]))
+            if handle.read(len(known[2])) == known[2]:
+                start, lines, tail = known
+        handle.seek(start)
+        left = size - start
+        while left > 0:
+            chunk = handle.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            lines += chunk.count(b"\n")
+            left -= len(chunk)
+            tail = (tail + chunk)[-_TAIL:]
+    _counted[path] = (size - left, lines, tail)
+    while len(_counted) > 64:
+        del _counted[next(iter(_counted))]
+    return max(lines - 1, 0)
+
+
+def _schema() -> dict[str, Any]:
+    import polars as pl
+
+    types = {"size": pl.UInt64, "ip_id": pl.UInt64}
+    return {column: types.get(column, pl.String) for column in COLUMNS}
+
+
+def parse_fast(data: bytes) -> pl.DataFrame:
+    """Parse day-file bytes with polars, quote processing off (bare NA = null, "NA" = "NA").
+
+    Raises polars' ComputeError when a string holds a comma (the row has too many fields).
+    """
+    import polars as pl
+
+    frame = pl.read_csv(
+        data,
+        has_header=False,
+        skip_rows=1,
+        schema=_schema(),
+        quote_char=None,
+        null_values="NA",
+        columns=[COLUMNS.index(c) for c in _USED_COLUMNS],
+    )
+    unquote = [
+        pl.col(c).str.strip_prefix('"').str.strip_suffix('"').str.replace_all('""', '"', literal=True)
+        for c in _STRING_COLUMNS
+    ]
+    return frame.with_columns(unquote)
+
+
+def parse_exact(data: bytes) -> pl.DataFrame:
+    """Parse day-file bytes row by row with tiny.cranlog.parse_row (any valid CSV; slow)."""
+    import polars as pl
+
+    from tiny.cranlog import parse_row
+
+    columns: dict[str, list[Any]] = {c: [] for c in _USED_COLUMNS}
+    for line in data.decode("utf-8", "replace").split("\n")[1:]:
+        try:
+            row = parse_row(line)
+        except ValueError:
+            continue  # the empty string after the last LF, or a line that is not a row
+        if isinstance(row["size"], int) and isinstance(row["ip_id"], int):
+            for c in _USED_COLUMNS:
+                columns[c].append(row[c])
+    schema = _schema()
+    return pl.DataFrame(columns, schema={c: schema[c] for c in _USED_COLUMNS})
+
+
+def frame_of(day: DayFile) -> pl.DataFrame:
+    """The parsed day file (cached per version), with an ``hour`` column."""
+    import polars as pl
+
+    key = (day.path, day.size, day.mtime_ns)
+    frame = _frames.get(key)
+    if frame is not None:
+        _frames.move_to_end(key)
+        return frame
+    data = read_complete_lines(day.path, day.size)
+    try:
+        has_rows = data.find(b"\n", data.find(b"\n") + 1) != -1  # a header and at least one row
+        frame = parse_fast(data) if has_rows else parse_exact(data)
+    except pl.exceptions.PolarsError:
+        frame = parse_exact(data)
+    frame = frame.with_columns(hour=pl.col("time").str.slice(0, 2).cast(pl.Int32, strict=False))
+    _frames[key] = frame
+    while len(_frames) > _FRAME_CACHE:
+        _frames.popitem(last=False)
+    return frame
+
+
+def aggregate_frame(frame: pl.DataFrame, date: str) -> dict[str, Any]:
+    """Totals, hourly counts and the top MAX_TOP whales (with their hourly counts) of a day.
+
+    Whales: most downloads first, ties by smaller ip_id; country is the whale's most frequent
+    non-missing country (ties: alphabetical first), None when it never had one.
+    """
+    import polars as pl
+
+    per_ip = frame.group_by("ip_id").agg(downloads=pl.len(), bytes=pl.col("size").sum())
+    top = per_ip.sort(["downloads", "ip_id"], descending=[True, False]).head(MAX_TOP)
+    ids = top["ip_id"].to_list()
+    mine = frame.filter(pl.col("ip_id").is_in(ids))
+    countries = (
+        mine.drop_nulls("country")
+        .group_by(["ip_id", "country"])
+        .len()
+        .sort(["ip_id", "len", "country"], descending=[False, True, False])
+        .group_by("ip_id", maintain_order=True)
+        .first()
+    )
+    country = dict(zip(countries["ip_id"].to_list(), countries["country"].to_list(), strict=True))
+    hourly: dict[int, list[int]] = {ip: [0] * HOURS for ip in ids}
+    for ip, hour, n in mine.drop_nulls("hour").group_by(["ip_id", "hour"]).len().iter_rows():
+        if 0 <= hour < HOURS:
+            hourly[ip][hour] = n
+    hourly_all = [0] * HOURS
+    for hour, n in frame.drop_nulls("hour").group_by("hour").len().iter_rows():
+        if 0 <= hour < HOURS:
+            hourly_all[hour] = n
+    whales = [
+        {
+            "ip_id": ip,
+            "name": whale_name(date, ip),
+            "country": country.get(ip),
+            "downloads": n,
+            "bytes": int(size or 0),
+            "hourly": hourly[ip],
+        }
+        for ip, n, size in top.select("ip_id", "downloads", "bytes").iter_rows()
+    ]
+    return {
+        "downloads": frame.height,
+        "bytes": int(frame["size"].sum() or 0),
+        "downloaders": frame["ip_id"].n_unique(),
+        "hourly": hourly_all,
+        "whales": whales,
+    }
+
+
+def whale_downloads(frame: pl.DataFrame, date: str, ip_id: int, limit: int) -> dict[str, Any] | None:
+    """One ip_id's downloads in time order (file order within a second), the first ``limit``."""
+    import polars as pl
+
+    mine = frame.filter(pl.col("ip_id") == ip_id)
+    if mine.height == 0:
+        return None
+    ordered = mine.sort("time", maintain_order=True)
+    countries = mine["country"].drop_nulls().value_counts().sort(["count", "country"], descending=[True, False])
+    return {
+        "date": date,
+        "ip_id": ip_id,
+        "name": whale_name(date, ip_id),
+        "country": countries["country"][0] if countries.height else None,
+        "total": mine.height,
+        "bytes": int(mine["size"].sum() or 0),
+        "packages": mine["package"].n_unique(),
+        "limit": limit,
+        "truncated": mine.height > limit,
+        "downloads": ordered.head(limit).select("time", "package", "version", "size").to_dicts(),
+    }
+
+
+def day_aggregate(day: DayFile) -> dict[str, Any]:
+    """:func:`aggregate_frame` of a day file version, cached in this pool process."""
+    key = (day.path, day.size, day.mtime_ns)
+    aggregate = _aggregates.get(key)
+    if aggregate is None:
+        aggregate = _aggregates[key] = aggregate_frame(frame_of(day), day.date)
+        while len(_aggregates) > _FRAME_CACHE * 2:
+            _aggregates.popitem(last=False)
+    return aggregate
+
+
+def count_rows_job(days: tuple[DayFile, ...]) -> list[int]:
+    """Pool job: the row counts of several day files (one job however many files)."""
+    return [count_rows(day.path, day.size) for day in days]
+
+
+def aggregate_job(day: DayFile) -> dict[str, Any]:
+    """Pool job: the day's aggregate (see :func:`aggregate_frame`)."""
+    return day_aggregate(day)
+
+
+def downloads_job(day: DayFile, ip_id: int, limit: int) -> dict[str, Any] | None:
+    """Pool job: one ip_id's downloads (see :func:`whale_downloads`); None if it has none."""
+    return whale_downloads(frame_of(day), day.date, ip_id, limit)

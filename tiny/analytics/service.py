@@ -1,0 +1,325 @@
+"""The worker side of the analytics: one :class:`Analytics` per worker process, which owns its pool.
+
+Queries come in from the ``/api`` handlers (:mod:`tiny.handlers.analytics`); the parsing,
+aggregation and chart drawing run in a ``ProcessPoolExecutor`` of ``--analytics-processes``
+processes started with "spawn" (nothing of the worker's event loop, sockets or locks is
+inherited), created on the first query. The worker only stats files and awaits small results
+(dicts, lists, SVG bytes), so a query never blocks the event loop that serves ``/ingest``.
+Pool processes run at the lowest CPU priority (``--analytics-nice``, default SCHED_IDLE) with
+polars on ``--analytics-threads`` threads, so the ingest workers always win the CPU; each one
+exits when its worker process is gone. At most ``--analytics-max-queued`` distinct
+computations wait: past that a query is refused (:class:`Busy`, a 503) rather than queued
+without bound. :meth:`Analytics.close` stops the pool.
+
+Caching. A day file only grows (the sink appends; a failed flush may cut it back), so
+``(path, size, mtime_ns)`` names one version of it. The worker keeps an LRU of the last
+``_CACHE_DAYS`` day files, each with the results computed for its current version; a new
+version drops them. Concurrent identical queries share one computation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import multiprocessing
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+from tiny import layout
+from tiny.analytics import charts, compute
+from tiny.analytics.compute import HOURS, DayFile
+from tiny.config import Config
+
+log = logging.getLogger("tiny.analytics")
+
+_CACHE_DAYS = 4  # day files whose results a worker keeps
+_CACHE_RESULTS = 64  # results kept per day file (charts and downloads per N / ip_id)
+_STOP_SECONDS = 2.0  # how long close() waits for the pool processes to exit
+_MISSING = object()
+
+
+class DayNotFound(LookupError):
+    """No day file for the date (answered 404)."""
+
+
+class WhaleNotFound(LookupError):
+    """The ip_id downloaded nothing on that day (answered 404)."""
+
+
+class Busy(RuntimeError):
+    """Too many computations queued in this worker, the pool process died, or it is closed (503)."""
+
+
+def stat_day(data_dir: Path, date: str) -> DayFile:
+    """The current version of ``data_dir/<date>.csv``; DayNotFound if there is none."""
+    path = layout.day_path(data_dir, date)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise DayNotFound(date) from None
+    return DayFile(date, str(path), st.st_size, st.st_mtime_ns)
+
+
+def list_days(data_dir: Path) -> list[DayFile]:
+    """Every day file in ``data_dir``, oldest date first."""
+    days = []
+    try:
+        entries = list(os.scandir(data_dir))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        date = layout.day_of(entry.name)
+        if date and entry.is_file():
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            days.append(DayFile(date, entry.path, st.st_size, st.st_mtime_ns))
+    return sorted(days, key=lambda day: day.date)
+
+
+class _DayResults:
+    """The results computed for one version of one day file, least recently used first."""
+
+    def __init__(self, version: tuple[int, int]) -> None:
+        self.version = version
+        self.results: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+
+
+class Analytics:
+    """The analytics of one worker process: queries in, small results out, cached per day file.
+
+    Every query method stats the day file (DayNotFound if absent), answers from the cache
+    when that version was computed already, and otherwise awaits the pool, never blocking
+    the event loop. Busy when ``max_queued`` distinct computations are queued already, or
+    after :meth:`close`.
+    """
+
+    def __init__(
+        self, data_dir: Path, *, processes: int = 1, threads: int = 1, nice: str = "idle", max_queued: int = 32
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.processes = processes
+        self.threads = threads
+        self.nice = nice
+        self.max_queued = max_queued
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._closed = False
+        self._cache: OrderedDict[str, _DayResults] = OrderedDict()
+        self._pending: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
+
+    @classmethod
+    def from_config(cls, config: Config) -> Analytics:
+        """The analytics of ``config.data_dir`` with the ``--analytics-*`` settings."""
+        return cls(
+            config.data_dir,
+            processes=config.analytics_processes,
+            threads=config.analytics_threads,
+            nice=config.analytics_nice,
+            max_queued=config.analytics_max_queued,
+        )
+
+    async def days(self) -> list[dict[str, Any]]:
+        """``[{"date", "rows", "bytes"}, ...]`` for every day file, oldest first.
+
+        Rows known for a file's current version come from the cache; the others are counted
+        in one pool job (however many days there are).
+        """
+        days = list_days(self.data_dir)
+        rows = {day.path: self._known_rows(day) for day in days}
+        missing = tuple(day for day in days if rows[day.path] is None)
+        if missing:
+
+            def store(counts: list[int]) -> None:
+                for day, count in zip(missing, counts, strict=True):
+                    self._store(day, ("rows",), count)
+
+            key = ("rows", tuple((day.path, day.version) for day in missing))
+            counts = await self._run(key, store, compute.count_rows_job, missing)
+            rows.update((day.path, count) for day, count in zip(missing, counts, strict=True))
+        return [{"date": day.date, "rows": rows[day.path], "bytes": day.size} for day in days]
+
+    async def summary(self, date: str, top: int) -> dict[str, Any]:
+        """Totals, distinct downloaders, and downloads per hour of all traffic vs the top N whales."""
+        aggregate = await self._aggregate(date)
+        whales = aggregate["whales"][:top]
+        hourly_whales = [sum(whale["hourly"][hour] for whale in whales) for hour in range(HOURS)]
+        return {
+            "date": date,
+            "top": top,
+            "downloads": aggregate["downloads"],
+            "bytes": aggregate["bytes"],
+            "downloaders": aggregate["downloaders"],
+            "whale_downloads": sum(whale["downloads"] for whale in whales),
+            "hourly": [
+                {"hour": hour, "all": aggregate["hourly"][hour], "whales": hourly_whales[hour]} for hour in range(HOURS)
+            ],
+        }
+
+    async def whales(self, date: str, top: int) -> dict[str, Any]:
+        """The top N whales: ip_id, name, country, downloads, bytes; most downloads first."""
+        aggregate = await self._aggregate(date)
+        fields = ("ip_id", "name", "country", "downloads", "bytes")
+        return {"date": date, "top": top, "whales": [{k: w[k] for k in fields} for w in aggregate["whales"][:top]]}
+
+    async def hourly(self, date: str, top: int) -> dict[str, Any]:
+        """Downloads per hour (24 numbers) of each of the top N whales."""
+        aggregate = await self._aggregate(date)
+        fields = ("ip_id", "name", "country", "downloads", "hourly")
+        return {"date": date, "top": top, "whales": [{k: w[k] for k in fields} for w in aggregate["whales"][:top]]}
+
+    async def downloads(self, date: str, ip_id: int, limit: int) -> dict[str, Any]:
+        """One ip_id's downloads of the day in time order (the first ``limit``); WhaleNotFound if none."""
+        day = stat_day(self.data_dir, date)
+        result = await self._cached(day, ("downloads", ip_id, limit), compute.downloads_job, day, ip_id, limit)
+        if result is None:
+            raise WhaleNotFound(ip_id)
+        return dict(result)
+
+    async def chart(self, date: str, view: str, top: int, ip_id: int | None = None) -> bytes:
+        """One dashboard view as SVG (see charts.VIEWS); ``detail`` shows ``ip_id`` (default: the top whale)."""
+        if view not in charts.VIEWS:
+            raise ValueError(f"unknown chart {view!r}")
+        day = stat_day(self.data_dir, date)
+        if view == "detail" and ip_id is None:
+            whales = (await self._aggregate(date))["whales"]
+            if not whales:
+                raise WhaleNotFound(0)
+            ip_id = whales[0]["ip_id"]
+        query = ("chart", view, top if view != "detail" else 0, ip_id if view == "detail" else 0)
+        svg = await self._cached(day, query, charts.chart_job, day, view, top, ip_id)
+        if svg is None:
+            raise WhaleNotFound(ip_id)
+        return bytes(svg)
+
+    def close(self) -> None:
+        """Stop the pool, if it started: queued work is cancelled, running work is killed.
+
+        Later queries raise :class:`Busy`. Waits up to ``_STOP_SECONDS`` for the pool
+        processes, so that the pool's queues and semaphores are released before the worker
+        exits (no "leaked semaphore" warning).
+        """
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        # (_processes: the executor has no public handle on its processes.)
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        # An idle pool process exits on the shutdown sentinel; a busy one would first finish
+        # its query (up to seconds). Nothing it computes is needed any more: stop it now.
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join(_STOP_SECONDS)
+        pool.shutdown(wait=True)
+
+    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+        """The pool, created on first use (in the worker process that uses it)."""
+        if self._closed:
+            raise Busy("the server is shutting down")
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=compute.pool_init,
+                initargs=(os.getpid(), self.threads, self.nice),
+            )
+            log.info(
+                "analytics pool started: %d process(es), %d polars thread(s), nice %s",
+                self.processes,
+                self.threads,
+                self.nice,
+            )
+        return self._pool
+
+    def _replace_broken(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
+        """Forget a pool whose process died (killed, out of memory): the next query starts a new one."""
+        if self._pool is broken:
+            log.error("the analytics process died; starting a new one")
+            self._pool = None
+            broken.shutdown(wait=False, cancel_futures=True)
+
+    async def _aggregate(self, date: str) -> dict[str, Any]:
+        day = stat_day(self.data_dir, date)
+        result: dict[str, Any] = await self._cached(day, ("aggregate",), compute.aggregate_job, day)
+        return result
+
+    def _known_rows(self, day: DayFile) -> int | None:
+        for query in (("aggregate",), ("rows",)):
+            found = self._lookup(day, query)
+            if found is not _MISSING:
+                return int(found["downloads"] if query == ("aggregate",) else found)
+        return None
+
+    async def _cached(self, day: DayFile, query: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
+        """``func(*args)`` in the pool, or its cached result for this version of the day file."""
+        found = self._lookup(day, query)
+        if found is not _MISSING:
+            return found
+        key = (day.path, day.version, query)
+        return await self._run(key, lambda result: self._store(day, query, result), func, *args)
+
+    async def _run(
+        self, key: tuple[Any, ...], store: Callable[[Any], None], func: Callable[..., Any], *args: Any
+    ) -> Any:
+        """``func(*args)`` in the pool, once for all concurrent callers with the same ``key``;
+        ``store`` gets the result as soon as it is there (even if every caller went away)."""
+        future = self._pending.get(key)
+        if future is None:
+            if len(self._pending) >= self.max_queued:
+                raise Busy(f"{len(self._pending)} analytics queries are queued")
+            pool = self._executor()
+            try:
+                future = asyncio.get_running_loop().run_in_executor(pool, func, *args)
+            except BrokenProcessPool:  # its process died since the last query
+                self._replace_broken(pool)
+                raise Busy("the analytics process died; it is being restarted") from None
+            self._pending[key] = future
+            future.add_done_callback(lambda done: self._settle(key, store, pool, done))
+        try:
+            # shield: a client that goes away does not cancel a computation others may await
+            return await asyncio.shield(future)
+        except BrokenProcessPool:
+            raise Busy("the analytics process died; it is being restarted") from None
+
+    def _settle(
+        self,
+        key: tuple[Any, ...],
+        store: Callable[[Any], None],
+        pool: concurrent.futures.ProcessPoolExecutor,
+        done: asyncio.Future[Any],
+    ) -> None:
+        self._pending.pop(key, None)
+        if done.cancelled():
+            return
+        error = done.exception()
+        if isinstance(error, BrokenProcessPool):
+            self._replace_broken(pool)
+        elif error is None:
+            store(done.result())
+
+    def _lookup(self, day: DayFile, query: tuple[Any, ...]) -> Any:
+        entry = self._cache.get(day.path)
+        if entry is None or entry.version != day.version or query not in entry.results:
+            return _MISSING
+        self._cache.move_to_end(day.path)
+        entry.results.move_to_end(query)
+        return entry.results[query]
+
+    def _store(self, day: DayFile, query: tuple[Any, ...], result: Any) -> None:
+        entry = self._cache.get(day.path)
+        if entry is None or entry.version != day.version:
+            entry = self._cache[day.path] = _DayResults(day.version)  # a new version drops the old results
+        entry.results[query] = result
+        while len(entry.results) > _CACHE_RESULTS:
+            entry.results.popitem(last=False)
+        self._cache.move_to_end(day.path)
+        while len(self._cache) > _CACHE_DAYS:
+            self._cache.popitem(last=False)

@@ -1,0 +1,134 @@
+"""What every handler shares: its typed dependencies, the JSON error shape, limits and auth.
+
+Every non-200 answer is ``{"error": {"status": S, "message": "..."}}``; the message is
+meant for the client and never carries internals. Whether an answer closes its connection
+is decided in one place, :meth:`JSONHandler.finish`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from tornado import web
+
+from tiny.config import Config
+from tiny.drain import Drain
+from tiny.metrics import Metrics
+from tiny.sink import DailyFileSink
+
+if TYPE_CHECKING:
+    from tiny.analytics.service import Analytics
+
+log = logging.getLogger("tiny.handlers")
+
+# Header limits, answered with a JSON 431. Tornado itself reads up to HEADER_READ_LIMIT and
+# closes the connection without an answer past it (tiny.worker), which bounds the memory.
+MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADERS = 100
+HEADER_READ_LIMIT = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Deps:
+    """The dependencies of every handler of one worker process (tiny.routes passes them in)."""
+
+    config: Config
+    metrics: Metrics
+    sink: DailyFileSink
+    analytics: Analytics
+    drain: Drain
+    instance: str  # ``<hostname>:<port>/<pid>``
+    started: float  # time.monotonic() when the worker started
+
+
+def instance_name(port: int) -> str:
+    """``<hostname>:<port>/<pid>``: which process answered (for /healthz and load tests)."""
+    return f"{socket.gethostname()}:{port}/{os.getpid()}"
+
+
+class APIError(web.HTTPError):
+    """An error whose ``message`` is shown to the client, with optional extra headers."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(status, "%s", message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class JSONHandler(web.RequestHandler):
+    """Base: JSON bodies, the JSON error shape, header limits, the token rule, request metrics."""
+
+    name = "other"
+    allowed: tuple[str, ...] = ("GET",)
+
+    def initialize(self, deps: Deps) -> None:
+        self.deps = deps
+        self.config = deps.config
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json")
+
+    def prepare(self) -> None:
+        self.check_headers()
+
+    def check_headers(self) -> None:
+        """431 for more than MAX_HEADERS headers or MAX_HEADER_BYTES of them."""
+        headers = list(self.request.headers.get_all())
+        if len(headers) > MAX_HEADERS:
+            raise APIError(431, f"more than {MAX_HEADERS} request headers")
+        if sum(len(name) + len(value) + 4 for name, value in headers) > MAX_HEADER_BYTES:
+            raise APIError(431, f"request headers larger than {MAX_HEADER_BYTES} bytes")
+
+    def check_token(self) -> None:
+        """401 unless the request carries ``Authorization: Bearer <token>`` (when one is set)."""
+        token = self.config.token
+        if token is None:
+            return
+        sent = self.request.headers.get("Authorization", "")
+        # compare_digest: the time taken does not tell how much of the token was right
+        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+            raise APIError(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="tiny"'})
+
+    def finish(self, chunk: str | bytes | dict[str, Any] | None = None) -> Any:
+        # The one place that decides whether this answer closes its connection.
+        if self.deps.drain.closes_connection():
+            self.set_header("Connection", "close")
+        return super().finish(chunk)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        message = kwargs.get("message")
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, APIError):
+            message = exc.message
+            for name, value in exc.headers.items():
+                self.set_header(name, value)
+        if message is None:
+            message = self._reason
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(self.allowed))
+        self.finish(orjson.dumps({"error": {"status": status_code, "message": message}}))
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, web.HTTPError):  # a client's mistake: a warning, no traceback
+            log.warning(
+                "%d %s %s: %s",
+                value.status_code,
+                self.request.method,
+                self.request.uri,
+                getattr(value, "message", value.log_message),
+            )
+        else:
+            super().log_exception(typ, value, tb)
+
+    def on_finish(self) -> None:
+        self.deps.metrics.observe_request(self.name, self.get_status(), self.request.request_time())
+
+    def send_json(self, body: Any) -> None:
+        """Finish with ``body`` as JSON."""
+        self.finish(orjson.dumps(body))

@@ -1,0 +1,53 @@
+"""The operator's endpoints: ``GET /healthz`` and ``GET /metrics``, and the JSON 404 for any other path."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import orjson
+
+from tiny import codec, metrics
+from tiny.handlers.base import APIError, JSONHandler
+
+
+class HealthHandler(JSONHandler):
+    """``GET /healthz``: 200 ``{"status": "ok", "instance": ...}``; 503 while shutting down."""
+
+    name = "healthz"
+
+    def get(self) -> None:
+        draining = self.deps.drain.draining
+        if draining:
+            self.set_status(503)
+        self.finish(
+            orjson.dumps(
+                {
+                    "status": "draining" if draining else "ok",
+                    "instance": self.deps.instance,
+                    "pid": os.getpid(),
+                    "codec": codec.CODEC,
+                    "durability": self.config.durability,
+                    "backlog_bytes": self.deps.sink.backlog,
+                    "uptime_seconds": round(time.monotonic() - self.deps.started, 3),
+                }
+            )
+        )
+
+
+class MetricsHandler(JSONHandler):
+    """``GET /metrics``: Prometheus text format, summed over all worker processes."""
+
+    name = "metrics"
+
+    def get(self) -> None:
+        self.set_header("Content-Type", metrics.CONTENT_TYPE)
+        self.finish(metrics.render())
+
+
+class NotFoundHandler(JSONHandler):
+    """Any other path: 404 in the JSON error shape."""
+
+    def prepare(self) -> None:
+        super().prepare()
+        raise APIError(404, f"no such endpoint: {self.request.path}")

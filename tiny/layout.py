@@ -1,0 +1,53 @@
+"""The data dir's layout: which file holds what, under ``DATA_DIR``.
+
+- ``YYYY-MM-DD.csv``: one day's CRAN log rows (the day of the records' ``date`` field),
+  opened by :data:`HEADER` exactly once; the columns are :data:`COLUMNS`.
+- ``rejects/YYYY-MM-DD.ndjson``: the refused lines of requests received that UTC day
+  (:mod:`tiny.rejects` renders them).
+
+Everything else (the sink, the handlers, the analytics, the benchmarks and tests, and the
+Rust crate's column list, which a test holds equal to :data:`COLUMNS`) asks this module
+for names instead of spelling them out.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date as Date
+from datetime import datetime
+from pathlib import Path
+
+COLUMNS = ("date", "time", "size", "r_version", "r_arch", "r_os", "package", "version", "country", "ip_id")
+HEADER = (",".join(f'"{column}"' for column in COLUMNS) + "\n").encode()
+DAY_SUFFIX = ".csv"
+REJECTS_DIR = "rejects"
+_DAY_FILE = re.compile(r"(\d{4}-\d{2}-\d{2})\.csv\Z")
+
+
+def day_file(day: str) -> str:
+    """The day file of ``day`` (``YYYY-MM-DD``), relative to DATA_DIR."""
+    return f"{day}{DAY_SUFFIX}"
+
+
+def day_path(data_dir: Path, day: str) -> Path:
+    """``data_dir/YYYY-MM-DD.csv``."""
+    return data_dir / day_file(day)
+
+
+def day_of(name: str) -> str | None:
+    """The ``YYYY-MM-DD`` a file name is the day file of, or None for any other name."""
+    match = _DAY_FILE.match(name)
+    return match.group(1) if match else None
+
+
+def parse_day(text: str) -> str:
+    """``text`` if it is a real calendar date ``YYYY-MM-DD`` (a possible day file); else ValueError."""
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        raise ValueError(f"not a date YYYY-MM-DD: {text!r}")
+    Date.fromisoformat(text)  # ValueError for 2014-02-30 and year 0000
+    return text
+
+
+def rejects_file(received: datetime) -> str:
+    """The rejects file, relative to DATA_DIR, for a request received at ``received`` (UTC)."""
+    return f"{REJECTS_DIR}/{received:%Y-%m-%d}.ndjson"

@@ -1,0 +1,40 @@
+"""The URL map: which handler answers which path, all with the same typed dependencies."""
+
+from __future__ import annotations
+
+from tornado import web
+
+from tiny.handlers.analytics import (
+    DATE,
+    ChartHandler,
+    DaysHandler,
+    DownloadsHandler,
+    HourlyHandler,
+    SummaryHandler,
+    WhalesHandler,
+)
+from tiny.handlers.base import Deps
+from tiny.handlers.dashboard import DashboardHandler
+from tiny.handlers.ingest import IngestHandler
+from tiny.handlers.status import HealthHandler, MetricsHandler, NotFoundHandler
+
+
+def make_app(deps: Deps) -> web.Application:
+    """The Tornado application of one worker process."""
+    args = {"deps": deps}
+    return web.Application(
+        [
+            (r"/ingest", IngestHandler, args),
+            (r"/healthz", HealthHandler, args),
+            (r"/metrics", MetricsHandler, args),
+            (r"/", DashboardHandler, args),
+            (r"/api/days", DaysHandler, args),
+            (rf"/api/days/{DATE}/summary", SummaryHandler, args),
+            (rf"/api/days/{DATE}/whales", WhalesHandler, args),
+            (rf"/api/days/{DATE}/whales/hourly", HourlyHandler, args),
+            (rf"/api/days/{DATE}/whales/([^/]+)/downloads", DownloadsHandler, args),
+            (rf"/api/days/{DATE}/charts/([^/]+)\.svg", ChartHandler, args),
+        ],
+        default_handler_class=NotFoundHandler,
+        default_handler_args=args,
+    )

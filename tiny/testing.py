@@ -1,0 +1,290 @@
+"""The harness tests/ and bench/ share: the real server in a subprocess, free ports, the sample day, compose.
+
+Like ``tornado.testing``, it ships in the package but the server never imports it. Servers
+run on 127.0.0.1 with ``--port 0`` (the port is read back from the start-up line), in
+their own session so that nothing outlives a test, with their output in a log file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "app.py"
+SAMPLE_DAY = ROOT.parent / "shared" / "data" / "cran-logs" / "2014-05-04.csv.gz"
+_LISTENING = re.compile(r"listening on http://([^:\s]+):(\d+)")
+_READY = " ready (codec "  # one line per tiny worker that serves
+
+
+@cache
+def sample_csv() -> bytes:
+    """The real public file of 2014-05-04, uncompressed (77,107 rows)."""
+    return gzip.decompress(SAMPLE_DAY.read_bytes())
+
+
+@cache
+def sample_lines() -> tuple[bytes, ...]:
+    """The sample day as NDJSON lines (LF-terminated), in file order."""
+    from tiny.cranlog import ndjson_lines
+
+    return tuple(ndjson_lines(SAMPLE_DAY))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for servers that need a fixed port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def free_port_block(count: int) -> int:
+    """A base port B (a multiple of 10) with B .. B+count-1 all free on 127.0.0.1."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000, 10)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no free block of {count} ports")
+
+
+def compose_command() -> list[str] | None:
+    """``docker compose`` (v2) when it works, else ``docker-compose`` (v1), else None."""
+    try:
+        done = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+        if done.returncode == 0:
+            return ["docker", "compose"]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return ["docker-compose"] if shutil.which("docker-compose") else None
+
+
+def docker_unavailable() -> str | None:
+    """Why docker compose cannot run here, or None when it can."""
+    if shutil.which("docker") is None:
+        return "no docker command"
+    try:
+        info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"`docker info` failed: {exc}"
+    if info.returncode != 0:
+        return "`docker info` failed: " + (info.stderr.strip().splitlines() or ["?"])[-1]
+    if compose_command() is None:
+        return "neither `docker compose` nor `docker-compose` works"
+    return None
+
+
+def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a server under test: ours without TINY_* settings (a user's
+    TINY_TOKEN would 401 every request), except TINY_CODEC (the suite's Python-codec run
+    sets it), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TINY_") or k == "TINY_CODEC"}
+    env["PYTHONUNBUFFERED"] = "1"
+    return {**env, **(extra or {})}
+
+
+class Response:
+    """An HTTP answer: status, lower-cased headers, body."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def request(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> Response:
+    """One request to 127.0.0.1:port on a new connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()
+
+
+def http_get(port: int, path: str, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+    """GET 127.0.0.1:port/path on a new connection: (status, lower-cased headers, body)."""
+    response = request(port, "GET", path, timeout=timeout)
+    return response.status, response.headers, response.body
+
+
+class Server:
+    """``python app.py`` (or another server script) in a subprocess on 127.0.0.1, for one test or run.
+
+    ``args`` are extra flags; ``processes`` and ``data_dir`` become ``--processes`` and
+    ``--data-dir`` (data_dir None: none, for scripts without one). The port comes from the
+    server's own start-up line (``--port 0`` unless ``port`` is given). Output goes to
+    ``log_path``, or to a temp file that :meth:`kill` reads back into memory and removes
+    (:meth:`log` answers either way). ``preexec`` runs in the child
+    before exec (rlimits). :meth:`stop` signals the server and returns its exit code; the
+    context manager always leaves no process of its session behind.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | None,
+        *args: str,
+        processes: int = 1,
+        env: dict[str, str] | None = None,
+        port: int = 0,
+        script: Path = APP,
+        log_path: Path | None = None,
+        preexec: Callable[[], None] | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.processes = processes
+        self.script = script
+        self.args = ["--port", str(port), "--processes", str(processes), *args]
+        if data_dir is not None:
+            self.args += ["--data-dir", str(data_dir)]
+            scratch = data_dir.parent / "tmp"  # the metrics dir a kill -9'd server cannot remove lands here
+            scratch.mkdir(parents=True, exist_ok=True)
+            env = {"TMPDIR": str(scratch), **(env or {})}
+        self.env = server_env(env)
+        self._own_log = log_path is None
+        if log_path is None:
+            handle, name = tempfile.mkstemp(prefix="tiny-server-", suffix=".log")
+            os.close(handle)
+            log_path = Path(name)
+        self.log_path = log_path
+        self._log_text: str | None = None  # the temp log's last contents, once it is removed
+        self.preexec = preexec
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self, timeout: float = 15.0) -> Server:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(self.script), *self.args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=self.preexec,
+            )
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.port:
+            match = _LISTENING.search(self.log())
+            if match:
+                self.port = int(match.group(2))
+            elif time.monotonic() > deadline or self.exited():
+                raise RuntimeError("server did not start:\n" + self.log())
+            else:
+                time.sleep(0.02)
+        if self.script == APP:  # every worker has its signal handlers and serves
+            while self.log().count(_READY) < self.processes and time.monotonic() < deadline:
+                time.sleep(0.02)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if self.request("GET", "/healthz").status == 200:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("server never became healthy:\n" + self.log())
+
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def log(self) -> str:
+        if self._log_text is not None:
+            return self._log_text
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> Response:
+        return request(self.port, method, path, body, headers, timeout)
+
+    def ingest(self, body: bytes, headers: dict[str, str] | None = None) -> Response:
+        return self.request("POST", "/ingest", body, headers)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        """Send ``signum`` to the server process and wait for it; its exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL everything left in the server's session (its forked workers too)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        if self._own_log and self.proc.poll() is not None and self._log_text is None:
+            self._log_text = self.log()
+            self.log_path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Kill anything left in the server's session (kept for the tests' try/finally blocks)."""
+        self.kill()
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                self.stop()
+        finally:
+            self.kill()

@@ -1,0 +1,115 @@
+"""One worker process: its sink, analytics and metrics, the Tornado app on a listening socket, and its shutdown.
+
+Shutdown (SIGTERM, SIGINT, or the parent process gone) follows :mod:`tiny.drain`: the
+socket stops accepting, requests on connections already open are still served for a short
+grace (answered with ``Connection: close``), requests in flight finish (up to
+``drain_timeout``), the sink writes everything it acknowledged or still holds, the analytics
+pool stops, connections close, and :func:`run_worker` returns 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+
+from tornado.httpserver import HTTPServer
+
+from tiny import codec, layout
+from tiny.analytics.service import Analytics
+from tiny.config import Config
+from tiny.drain import Drain
+from tiny.handlers.base import HEADER_READ_LIMIT, Deps, instance_name
+from tiny.metrics import Metrics
+from tiny.routes import make_app
+from tiny.sink import DailyFileSink
+
+log = logging.getLogger("tiny.worker")
+_PARENT_POLL_SECONDS = 0.5
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def run_worker(config: Config, sock: socket.socket, parent_pid: int | None = None) -> int:
+    """Serve on ``sock`` until told to stop; returns the process exit code (0 = clean).
+
+    ``parent_pid``: the supervising parent; when it goes away the worker shuts down
+    instead of serving on as an orphan.
+    """
+    # A write past RLIMIT_FSIZE must fail with EFBIG (-> 503), not kill the worker.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    asyncio.run(_serve(config, sock, parent_pid))
+    return 0
+
+
+def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
+    def on_flush(seconds: float, nbytes: int, ok: bool) -> None:
+        metrics.observe_flush(seconds, nbytes, ok)
+        metrics.backlog.set(sink.backlog)
+
+    sink = DailyFileSink(
+        config.data_dir,
+        fsync=config.durability == "fsync",
+        max_backlog=config.max_backlog,
+        headers={layout.DAY_SUFFIX: layout.HEADER},
+        on_flush=on_flush,
+    )
+    return sink
+
+
+async def _serve(config: Config, sock: socket.socket, parent_pid: int | None) -> None:
+    loop = asyncio.get_running_loop()
+    metrics = Metrics()
+    drain = Drain()
+    deps = Deps(
+        config=config,
+        metrics=metrics,
+        sink=_sink(config, metrics),
+        analytics=Analytics.from_config(config),
+        drain=drain,
+        instance=instance_name(sock.getsockname()[1]),
+        started=time.monotonic(),
+    )
+    server = HTTPServer(
+        make_app(deps),
+        max_body_size=config.max_body,
+        idle_connection_timeout=config.idle_timeout,  # also bounds the time to send headers
+        body_timeout=config.body_timeout,
+        max_header_size=HEADER_READ_LIMIT,
+    )
+    server.add_sockets([sock])
+
+    stop = asyncio.Event()
+    for signum in _STOP_SIGNALS:
+        loop.add_signal_handler(signum, stop.set)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked by the parent across fork
+    watcher = loop.create_task(_watch_parent(parent_pid, stop)) if parent_pid else None
+    log.info("worker %s ready (codec %s)", deps.instance, codec.CODEC)
+    await stop.wait()
+
+    started = time.monotonic()
+    drain.begin()
+    server.stop()  # stop accepting; the parent holds its copy of the socket, closed on its own stop
+    # A proxy may still send a request on a keep-alive connection it opened before: it is
+    # served (with "Connection: close") rather than cut off mid-send.
+    left = await drain.settle(config.drain_timeout)
+    if left:
+        log.warning("%d requests still in flight after %.1f s; closing them", left, config.drain_timeout)
+    await deps.sink.close()
+    deps.analytics.close()
+    try:
+        await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
+    except TimeoutError:
+        pass
+    if watcher is not None:
+        watcher.cancel()
+    log.info("worker %s stopped after %.2f s of draining", deps.instance, time.monotonic() - started)
+
+
+async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(_PARENT_POLL_SECONDS)
+    log.warning("parent process %d is gone; shutting down", parent_pid)
+    stop.set()
