@@ -56,12 +56,11 @@ fuzz: venv ## a longer fuzz run of the codec and of /ingest over HTTP (TINY_FUZZ
 	TINY_FUZZ_EXAMPLES=$${TINY_FUZZ_EXAMPLES:-20000} $(BIN)/python -m pytest -q \
 	  tests/test_fuzz_http.py tests/test_codec_properties.py $(wildcard tests/test_codec_differential.py)
 
-RELIABILITY_TESTS := tests/test_faults.py tests/test_fuzz_http.py tests/test_codec_properties.py
-reliability: venv sysdeps ## longer fault runs under load; writes docs/reliability.md from the figures
+reliability: venv sysdeps ## longer fault runs and every hardening regression test; writes docs/reliability.md
 	mkdir -p build && rm -f build/figures.jsonl
 	TINY_FIGURES_FILE=build/figures.jsonl TINY_RELIABILITY_SCALE=$${TINY_RELIABILITY_SCALE:-4} \
-	  TINY_FUZZ_EXAMPLES=$${TINY_FUZZ_EXAMPLES:-3000} $(BIN)/python -m pytest -q $(RELIABILITY_TESTS) \
-	  $(wildcard tests/test_cluster.py)
+	  TINY_FUZZ_EXAMPLES=$${TINY_FUZZ_EXAMPLES:-3000} $(BIN)/python -m pytest -q -m "reliability or hardening" \
+	  app_tests.py tests
 	$(BIN)/python tests/reliability_report.py build/figures.jsonl docs/reliability.md
 
 bench: venv codec sysdeps ## the benchmark sweep (~20 min on 2 cores): bench/results/, images/bench_*.png, bench/results/tables.md

@@ -5,7 +5,9 @@ Usage:
         tests/test_faults.py tests/test_fuzz_http.py ...
     python tests/reliability_report.py build/figures.jsonl docs/reliability.md
 
-`make reliability` does both.
+`make reliability` does both. Entries with a ``case`` are fault runs (the first table); entries
+with a ``finding`` are the regression tests of the adversarial reviews' findings (the second
+table, one row per finding, figures included where the test recorded some).
 """
 
 from __future__ import annotations
@@ -45,6 +47,42 @@ def _cell(entry: dict[str, Any], keys: list[str]) -> str:
     return "<br>".join(f"{key.replace('_', ' ')}: {entry[key]}" for key in keys if key in entry)
 
 
+def _findings(entries: list[dict[str, Any]]) -> list[str]:
+    """The hardening table: one row per finding, its tests, what they hold, their outcome."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for entry in entries:
+        if "finding" in entry:
+            rows.setdefault(entry["finding"], []).append(entry)
+    lines = [
+        "## Hardening: the findings of the adversarial reviews, and their regression tests",
+        "",
+        'Each finding of the reviews (issues "Hardening the ingest path" and "Hardening around ingest") '
+        "has regression tests that failed on the code before the fix (beside a few that guard what must keep "
+        "holding); here is what they hold now, from the same run.",
+        "",
+        "| finding | tests (what holds) | figures | result |",
+        "|---|---|---|---|",
+    ]
+    for finding, tests in sorted(rows.items(), key=lambda item: _finding_order(item[0])):
+        names: dict[str, str] = {}
+        for test in tests:
+            names.setdefault(test["test"].split("[")[0], " ".join(test["doc"].split("\n\n")[0].split()))
+        described = "<br>".join(f"`{name.split('::')[1]}`" + (f": {doc}" if doc else "") for name, doc in names.items())
+        cells = (
+            _cell(test, [k for k in test if k not in ("test", "outcome", "doc", "case", "finding")]) for test in tests
+        )
+        figures = "<br>".join(cell for cell in cells if cell)
+        passed = sum(test["outcome"] == "passed" for test in tests)
+        lines.append(f"| {finding} | {described} | {figures} | {passed} of {len(tests)} passed |")
+    return [*lines, ""] if rows else []
+
+
+def _finding_order(finding: str) -> tuple[str, int]:
+    area, _, rest = finding.partition(" ")
+    number = rest.split(":", 1)[0]
+    return (area, int(number) if number.isdigit() else 0)
+
+
 def render(entries: list[dict[str, Any]], command: str) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [
@@ -62,6 +100,8 @@ def render(entries: list[dict[str, Any]], command: str) -> str:
         "|---|---|---|---|",
     ]
     for entry in entries:
+        if "case" not in entry:
+            continue
         tried_keys = [k for k in entry if k not in _HELD and k not in ("test", "outcome", "doc", "case")]
         held_keys = [k for k in _HELD if k in entry]
         lines.append(
@@ -78,6 +118,7 @@ def render(entries: list[dict[str, Any]], command: str) -> str:
         "that got no answer, or checks the day file for its rows first; a 503 always means nothing of the "
         "request was kept, so retrying a 503 is always safe.",
         "",
+        *_findings(entries),
     ]
     return "\n".join(lines)
 

@@ -70,8 +70,17 @@ class Load:
     acknowledged batch. ``no answer``: the connection failed or closed before any answer.
     """
 
-    def __init__(self, port: int, day: str, clients: int = 6, size: int = 100, max_seconds: float = 60.0) -> None:
+    def __init__(
+        self,
+        port: int,
+        day: str,
+        clients: int = 6,
+        size: int = 100,
+        max_seconds: float = 60.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.port = port
+        self.headers = {"Content-Type": "application/x-ndjson", **(headers or {})}
         self.day = day
         self.clients = clients
         self.size = size
@@ -96,7 +105,7 @@ class Load:
             started = time.monotonic()
             try:
                 conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT)
-                conn.request("POST", "/ingest", b"\n".join(lines), {"Content-Type": "application/x-ndjson"})
+                conn.request("POST", "/ingest", b"\n".join(lines), self.headers)
                 response = conn.getresponse()
                 body = response.read()
                 status = str(response.status)

@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ _MISSING = [name for name in ("supervisord", "supervisorctl", "nginx") if shutil
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.reliability,
     pytest.mark.timeout(180),
     pytest.mark.skipif(bool(_MISSING), reason=f"needs {', '.join(_MISSING)} (`make sysdeps` installs them)"),
 ]
@@ -72,8 +74,9 @@ def assert_json_error(status: int, headers: dict[str, str], body: bytes, expecte
 class Cluster:
     """supervisord -n with the repo's configs in a temp copy of the layout; see the module doc."""
 
-    def __init__(self, home: Path, instances: int = INSTANCES) -> None:
+    def __init__(self, home: Path, instances: int = INSTANCES, env: dict[str, str] | None = None) -> None:
         self.home = home
+        self.extra_env = env or {}
         self.instances = instances
         self.base = free_port_block(instances + 1)
         self.port = self.base  # nginx
@@ -95,6 +98,7 @@ class Cluster:
     def start(self, timeout: float = 30.0) -> Cluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TINY_")}
         env.update(PATH=_SBIN_PATH, TINY_CLUSTER_PORT=str(self.base), TINY_CLUSTER_SIZE=str(self.instances))
+        env.update(self.extra_env)
         self.output = (self.home / "supervisord.out").open("wb")
         self.proc = subprocess.Popen(
             [shutil.which("supervisord", path=_SBIN_PATH) or "supervisord", "-n", "-c", str(self.conf)],
@@ -324,3 +328,56 @@ def test_shutdown_under_load_leaves_nothing_running_and_loses_no_acked_row(
     assert len(re.findall(r"stopped: (tiny-\d|nginx) \(exit status 0\)", log)) == 1 + INSTANCES, log
     assert set(load.statuses()) <= {"200", "no answer"}, load.statuses()  # nginx stops first, then they drain
     figures.update(load.check_day_file(cluster.data))
+
+
+def _hammer(port: int, stop: threading.Event, sent: list[int]) -> None:
+    """POST with a wrong token as fast as the answers come, on keep-alive connections."""
+    conn: http.client.HTTPConnection | None = None
+    body = json.dumps(record(date="2014-05-06")).encode()
+    while not stop.is_set():
+        try:
+            conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=_TIMEOUT)
+            conn.request("POST", "/ingest", body, {"Authorization": "Bearer wrong"})
+            response = conn.getresponse()
+            response.read()
+            sent.append(response.status)
+            if response.will_close:
+                conn.close()
+                conn = None
+        except (OSError, http.client.HTTPException):
+            if conn is not None:
+                conn.close()
+            conn = None
+    if conn is not None:
+        conn.close()
+
+
+@pytest.mark.hardening("ingest 2: an early refusal left nginx a connection the app was closing")
+def test_a_wrong_token_client_hammering_costs_honest_clients_nothing(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """Early refusals (401 before the body is read) say Connection: close, so nginx never reuses
+    a connection the app is closing: 3 honest keep-alive clients, 2 unthrottled wrong-token ones."""
+    token = "cluster-s3cret"
+    running = Cluster(tmp_path, env={"TINY_TOKEN": token}).start()
+    stop = threading.Event()
+    wrong: list[int] = []
+    hammers = [threading.Thread(target=_hammer, args=(running.port, stop, wrong)) for _ in range(2)]
+    try:
+        load = Load(running.port, "2014-05-07", clients=3, size=50, headers={"Authorization": f"Bearer {token}"})
+        load.start()
+        for hammer in hammers:
+            hammer.start()
+        time.sleep(6)
+        load.stop()
+    finally:
+        stop.set()
+        for hammer in hammers:
+            hammer.join(_TIMEOUT + 5)
+        running.stop()
+    figures.update(
+        case="a wrong-token client hammering nginx next to honest keep-alive clients",
+        honest=load.statuses(),
+        wrong_token={str(status): wrong.count(status) for status in sorted(set(wrong))},
+    )
+    assert set(load.statuses()) == {"200"}, load.statuses()
+    assert len(load.acked()) > 20 and set(wrong) == {401} and len(wrong) > 100
+    load.check_day_file(running.data)

@@ -36,15 +36,16 @@ EXAMPLES = int(os.environ.get("TINY_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def assert_same(body: bytes) -> None:
-    expected = tuple(encode_reference(body))
-    got = tiny_codec.encode(body)
-    assert type(got) is tuple and len(got) == 4
-    days, rejects, valid, invalid = got
+def assert_same(body: bytes, *limits: int) -> None:
+    expected = tuple(encode_reference(body, *limits))
+    got = tiny_codec.encode(body, *limits)
+    assert type(got) is tuple and len(got) == 5
+    days, rejects, valid, invalid, omitted = got
     assert list(days) == list(expected[0]), "day keys (and their order)"
     assert days == expected[0], "CSV rows per day"
     assert rejects == expected[1], "rejects"
-    assert (valid, invalid) == expected[2:], "counts"
+    assert (valid, invalid) == expected[2:4], "counts"
+    assert omitted == expected[4], "the line range of the rejects left out"
 
 
 # --- the real sample day -------------------------------------------------------------------
@@ -591,3 +592,19 @@ def test_json_token_soup_matches(body: bytes) -> None:
 @given(st.binary(max_size=600))
 def test_random_bytes_match(body: bytes) -> None:
     assert_same(body)
+
+
+@FUZZ
+@given(
+    bodies(st.one_of(record_lines(), st.sampled_from([b"x", b"[]", b"{}", b'{"date":"2014-02-30"}'])), max_lines=12),
+    st.integers(0, 4),
+    st.integers(0, 5),
+)
+def test_day_and_reject_limits_match(body: bytes, max_days: int, max_rejects: int) -> None:
+    assert_same(body, max_days, max_rejects)
+
+
+def test_a_body_of_many_days_and_many_bad_lines_matches_at_the_default_limits() -> None:
+    record = {"date": "", "time": "00:50:55", "size": 1, "package": "caret", "ip_id": 1}
+    lines = [orjson.dumps({**record, "date": f"2014-{1 + n % 12:02d}-{1 + n % 28:02d}"}) for n in range(40)]
+    assert_same(b"\n".join(lines + [b"x"] * 3000 + lines))

@@ -7,6 +7,7 @@ records its figures for docs/reliability.md.
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import socket
@@ -22,6 +23,8 @@ import pytest
 from tests.conftest import SCALE
 from tests.support import Load, Server, record
 from tests.test_workers import alive, wait_for, worker_pids
+
+pytestmark = pytest.mark.reliability  # `make reliability` runs these longer
 
 
 def test_kill9_of_a_worker_under_load_loses_no_acked_row(tmp_path: Path, figures: dict[str, Any]) -> None:
@@ -254,3 +257,93 @@ def test_a_date_can_never_name_a_file_outside_the_data_dir(tmp_path: Path, date:
         assert answer["result"]["stats"]["records"]["invalid"] == 1
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert all(p.startswith("a/data/rejects/") for p in written), written
+
+
+def _nofile(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
+def _closed_soon(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def _exchange(conn: socket.socket, request: bytes) -> bytes:
+    """One request on a kept-alive raw connection; the answer's head and body."""
+    conn.sendall(request)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += conn.recv(65536)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(re.search(rb"Content-Length: (\d+)", head, re.I).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+@pytest.mark.hardening("ingest 6: idle connections exhausted the file descriptors")
+def test_idle_connections_cannot_take_the_descriptors_an_accepted_batch_needs(
+    tmp_path: Path, figures: dict[str, Any]
+) -> None:
+    """Under `ulimit -n 128`, 200 idle connections: those past the cap are closed at once, and a
+    batch on an accepted connection is written (before: 503 "Too many open files")."""
+    server = Server(tmp_path / "data", preexec=lambda: _nofile(128))
+    with server:
+        cap = int(re.search(r"at most (\d+) connections per worker", server.log()).group(1))  # type: ignore[union-attr]
+        first = socket.create_connection(("127.0.0.1", server.port))
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(200)]
+        open_ones, deadline = list(idle), time.monotonic() + 5
+        while len(open_ones) > cap - 1 and time.monotonic() < deadline:  # the server accepts, closes
+            open_ones = [sock for sock in open_ones if not _closed_soon(sock, 0.01)]
+        closed = len(idle) - len(open_ones)
+        body = b"".join(orjson.dumps(record(date=f"2014-05-{day:02d}")) + b"\n" for day in range(1, 17))
+        answer = _exchange(
+            first, b"POST /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        metrics = _exchange(first, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").decode()
+        for sock in [first, *idle]:
+            sock.close()
+    gauge = float(re.search(r"^tiny_open_connections (\S+)$", metrics, re.M).group(1))  # type: ignore[union-attr]
+    figures.update(
+        case="200 idle connections under ulimit -n 128",
+        connection_cap=cap,
+        closed_at_once=closed,
+        batch_of_16_days=answer.split(b"\r\n", 1)[0].decode(),
+        open_connections_gauge=gauge,
+    )
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"valid":16' in answer
+    assert 0 < cap < 128 and closed == 201 - cap and gauge == cap
+    assert len(list((tmp_path / "data").glob("*.csv"))) == 16
+
+
+@pytest.mark.hardening("ingest 6: idle connections exhausted the file descriptors")
+def test_accept_errors_back_off_instead_of_spinning(tmp_path: Path) -> None:
+    """When accept() runs out of descriptors (the limit lowered under a running worker), the
+    worker logs about once a second and pauses, instead of a traceback per try at 100% CPU."""
+    with Server(tmp_path / "data") as server:
+        in_use = len(os.listdir(f"/proc/{server.pid}/fd"))
+        soft, hard = resource.prlimit(server.pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (in_use, hard))
+        cpu_before = _cpu_seconds(server.pid)
+        waiting = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(5)]
+        time.sleep(2.5)
+        cpu = _cpu_seconds(server.pid) - cpu_before
+        errors = server.log().count("accept() failed")
+        resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        answer = _exchange(waiting[0], b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        for sock in waiting:
+            sock.close()
+    assert 1 <= errors <= 4, f"{errors} accept errors logged in 2.5 s"
+    assert "Traceback" not in server.log()
+    assert cpu < 0.5, f"the worker spent {cpu:.2f} CPU-s in 2.5 s"
+    assert answer.startswith(b"HTTP/1.1 200 ")  # the queued connection is served once descriptors are back
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -26,6 +26,8 @@ EXAMPLES = int(os.environ.get("TINY_FUZZ_EXAMPLES", "250"))
 LIMIT = 256 * 1024
 VALID = orjson.dumps(record())
 
+pytestmark = pytest.mark.reliability  # `make reliability` runs these longer
+
 
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, int]]]:

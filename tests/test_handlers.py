@@ -5,13 +5,16 @@ One real server per test module where the flags allow it (fast), its own where n
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import gzip
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -226,7 +229,7 @@ def test_disk_refusing_the_write_gets_503_and_keeps_nothing_of_the_request(tmp_p
         status, message = error(response)
         assert status == 503 and "nothing of this request was kept" in message
         assert response.headers["retry-after"].isdigit()
-        assert (data / "2014-05-04.csv").read_bytes() == b""  # rolled back, header included
+        assert not (data / "2014-05-04.csv").exists()  # rolled back: the file the flush created is gone
         assert server.ingest(line()).status == 200  # the server keeps serving other days
         assert len(rows_of(data / "2014-05-04.csv")) == 2
 
@@ -290,3 +293,147 @@ def test_a_big_gzip_body_is_decoded_off_the_loop_with_the_same_answer(tmp_path: 
         == {"valid": 20_000, "invalid": 0, "total": 20_000}
     )
     assert error(bomb)[0] == 413
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in bytes."""
+    for entry in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if entry.startswith("VmHWM:"):
+            return int(entry.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.hardening("ingest 1: a 1 KB request took gigabytes of memory and disk")
+def test_a_kilobyte_of_gzip_cannot_buy_gigabytes_of_memory_or_disk(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """A 1 KB gzip body of 500,000 invalid lines: bounded memory, bounded rejects, exact counts."""
+    body = gzip.compress(b"x\n" * 500_000, 9)
+    with Server(tmp_path / "data") as server:
+        before = _peak_rss(server.pid)
+        answer = server.ingest(body, {"Content-Encoding": "gzip"}).json()
+        grown = _peak_rss(server.pid) - before
+    kept = [orjson.loads(x) for x in next((tmp_path / "data" / "rejects").glob("*.ndjson")).read_bytes().splitlines()]
+    figures.update(
+        case="a 1 KB gzip body of 500,000 invalid lines",
+        body_bytes=len(body),
+        peak_rss_growth_mb=round(grown / 1e6, 1),
+        rejects_file_kb=round(sum(len(orjson.dumps(k)) + 1 for k in kept) / 1e3, 1),
+    )
+    assert answer["result"]["stats"]["records"] == {"valid": 0, "invalid": 500_000, "total": 500_000}
+    assert len(answer["errors"]) == 10
+    assert len(kept) == 1001 and kept[999]["line"] == 1000
+    assert (kept[1000]["line"], kept[1000]["last_line"], kept[1000]["omitted"]) == (1001, 500_000, 499_000)
+    assert grown < 100 * 1024**2, f"the worker grew by {grown / 1e6:.0f} MB for 1 MB of decompressed body"
+
+
+@pytest.mark.hardening("ingest 3: gzip bodies of many members decoded in quadratic time")
+def test_many_small_gzip_members_decode_in_linear_time_and_count_like_one(tmp_path: Path) -> None:
+    """200,000 members (about 5 MB, quadratic before: minutes) decode at once; records counted alike."""
+    empty = gzip.compress(b"") * 200_000
+    records = b"".join(gzip.compress(line(ip_id=n + 1)) for n in range(20_000))
+    one = gzip.compress(b"".join(line(ip_id=n + 1) for n in range(20_000)))
+    with Server(tmp_path / "data") as server:
+        started = time.monotonic()
+        assert server.ingest(empty, {"Content-Encoding": "gzip"}).json()["result"]["stats"]["records"]["total"] == 0
+        took = time.monotonic() - started
+        many = server.ingest(records, {"Content-Encoding": "gzip"}).json()["result"]["stats"]["records"]
+        single = server.ingest(one, {"Content-Encoding": "gzip"}).json()["result"]["stats"]["records"]
+    assert many == single == {"valid": 20_000, "invalid": 0, "total": 20_000}
+    assert took < 5, f"{len(empty) / 1e6:.1f} MB of empty members took {took:.1f} s"
+
+
+@pytest.mark.hardening("ingest 3: gzip bodies of many members decoded in quadratic time")
+def test_a_gzip_body_of_too_many_members_gets_a_json_413(tmp_path: Path) -> None:
+    from tiny.handlers.ingest import MAX_GZIP_MEMBERS
+
+    with Server(tmp_path / "data") as server:
+        response = server.ingest(gzip.compress(b"") * (MAX_GZIP_MEMBERS + 1), {"Content-Encoding": "gzip"})
+    assert error(response) == (413, f"gzip body has more than {MAX_GZIP_MEMBERS} members")
+
+
+@pytest.mark.hardening("ingest 8: the auth scheme was case-sensitive")
+def test_the_bearer_scheme_is_case_insensitive(locked: Server) -> None:
+    for scheme in ("bearer", "BEARER", "Bearer", "bEaReR"):
+        assert locked.ingest(line(), {"Authorization": f"{scheme} {TOKEN}"}).status == 200, scheme
+    assert error(locked.ingest(line(), {"Authorization": f"Basic {TOKEN}"}))[0] == 401
+    assert error(locked.ingest(line(), {"Authorization": f"Bearer {TOKEN.upper()}"}))[0] == 401
+
+
+@pytest.mark.hardening("ingest 2: an early refusal left nginx a connection the app was closing")
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\nContent-Length: 5\r\n\r\n",  # 401
+        b"GET /ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-token\r\n\r\n",  # 405
+        b"POST /ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-token\r\nContent-Length: 5\r\n"
+        b"Content-Type: text/html\r\n\r\n",  # 415
+    ],
+)
+def test_a_refusal_before_the_body_is_read_says_connection_close(locked: Server, head: bytes) -> None:
+    answer = raw_exchange(locked.port, head)  # the body never comes: the server must close
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.split()[1] in (b"401", b"405", b"415")
+    assert b"\r\nConnection: close\r\n" in b"\r\n" + rest.split(b"\r\n\r\n")[0] + b"\r\n"
+
+
+@pytest.mark.hardening("ingest 4: one batch could open unboundedly many day files")
+def test_a_request_of_thousands_of_days_writes_max_days_files_and_fails_nobody(tmp_path: Path) -> None:
+    """15,000 distinct dates: the first --max-days days are written, the rest are invalid lines,
+    and an honest request in the same group commit is written too."""
+    start = datetime.date(1990, 1, 1)
+    body = b"".join(line(date=(start + datetime.timedelta(days=n)).isoformat(), ip_id=n + 1) for n in range(15_000))
+    data = tmp_path / "data"
+    with Server(data, "--max-days", "4") as server:
+        with ThreadPoolExecutor(2) as pool:
+            hostile = pool.submit(server.ingest, body)
+            honest = pool.submit(server.ingest, line(date="2014-05-09"))
+            answer, other = hostile.result(), honest.result()
+    assert other.status == 200 and answer.status == 200
+    assert answer.json()["result"]["stats"]["records"] == {"valid": 4, "invalid": 14_996, "total": 15_000}
+    assert answer.json()["errors"][0] == {"line": 5, "error": "date: more days in one request than --max-days"}
+    assert sorted(p.name for p in data.glob("*.csv")) == [
+        "1990-01-01.csv",
+        "1990-01-02.csv",
+        "1990-01-03.csv",
+        "1990-01-04.csv",
+        "2014-05-09.csv",
+    ]
+
+
+@pytest.mark.hardening("ingest 7: valid chunk extensions and trailers got a bare 400")
+@pytest.mark.parametrize(
+    "chunked",
+    [
+        b"%x;foo=bar\r\n%s\r\n0\r\n\r\n",  # a chunk extension
+        b'%x ; name="quoted value" ;flag\r\n%s\r\n0;last\r\n\r\n',  # BWS, quoted values, on the last chunk too
+        b"%x\r\n%s\r\n0\r\nChecksum: abc\r\nX-Trace: 1\r\n\r\n",  # trailer fields
+    ],
+)
+def test_chunk_extensions_and_trailers_are_accepted(server: Server, chunked: bytes) -> None:
+    data = line() * 2
+    head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    answer = raw_exchange(server.port, head + chunked % (len(data), data))
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"valid":2' in answer, answer
+
+
+@pytest.mark.hardening("ingest 7: valid chunk extensions and trailers got a bare 400")
+@pytest.mark.parametrize(
+    "chunked",
+    [
+        b"zz\r\nabc\r\n0\r\n\r\n",  # not hex
+        b"3\r\nabc\r\n0\r\nno colon here\r\n\r\n",  # a trailer line that is no field
+        b"3\r\nabcX\r\n0\r\n\r\n",  # chunk data longer than its size
+    ],
+)
+def test_malformed_chunked_bodies_are_still_refused(server: Server, chunked: bytes) -> None:
+    head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert raw_exchange(server.port, head + chunked).startswith(b"HTTP/1.1 400 ")
+
+
+@pytest.mark.hardening("ingest 7: valid chunk extensions and trailers got a bare 400")
+def test_trailers_past_their_limit_close_the_connection(server: Server) -> None:
+    from tiny.httpserver import MAX_TRAILERS
+
+    head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    trailers = b"".join(b"X-T%d: %s\r\n" % (n, b"v" * 1000) for n in range(MAX_TRAILERS // 1000 + 2))
+    answer = raw_exchange(server.port, head + b"1\r\nx\r\n0\r\n" + trailers + b"\r\n")
+    assert not answer.startswith(b"HTTP/1.1 200")

@@ -11,7 +11,7 @@ import pytest
 from tests.support import record
 from tiny import codec
 
-CODECS: dict[str, Callable[[bytes], tuple[Any, ...]]] = {"python": codec.encode_reference}
+CODECS: dict[str, Callable[..., tuple[Any, ...]]] = {"python": codec.encode_reference}
 try:
     import tiny_codec  # type: ignore[import-not-found]
 
@@ -162,3 +162,28 @@ def test_records_keep_their_order_and_split_by_day(encode: Callable[[bytes], cod
 
 def test_an_empty_body_has_no_records(encode: Callable[[bytes], codec.Batch]) -> None:
     assert encode(b"") == codec.Batch({}, [], 0, 0)
+
+
+@pytest.mark.hardening("ingest 1: a 1 KB request took gigabytes of memory and disk")
+def test_invalid_lines_past_the_reject_limit_are_counted_with_their_line_range(
+    encode: Callable[[bytes], codec.Batch],
+) -> None:
+    body = b"x\n" * (codec.MAX_REJECTS + 5) + line() + b"\n" + b"y\n"
+    batch = encode(body)
+    assert (batch.valid, batch.invalid) == (1, codec.MAX_REJECTS + 6)
+    assert len(batch.rejects) == codec.MAX_REJECTS and batch.rejects[-1][0] == codec.MAX_REJECTS
+    assert batch.omitted == (codec.MAX_REJECTS + 1, codec.MAX_REJECTS + 7)
+
+
+@pytest.mark.hardening("ingest 4: one batch could open unboundedly many day files")
+def test_records_of_days_past_the_day_limit_are_invalid_with_a_clear_reason(
+    encode: Callable[[bytes], codec.Batch],
+) -> None:
+    dates = [f"2014-05-{day:02d}" for day in range(1, codec.MAX_DAYS + 3)]
+    batch = encode(b"\n".join(line(date=date) for date in dates + dates[:2]))
+    assert list(batch.days) == dates[: codec.MAX_DAYS]
+    assert [(n, why) for n, why, _ in batch.rejects] == [
+        (codec.MAX_DAYS + 1, codec.TOO_MANY_DAYS),
+        (codec.MAX_DAYS + 2, codec.TOO_MANY_DAYS),
+    ]
+    assert (batch.valid, batch.invalid) == (codec.MAX_DAYS + 2, 2)  # the last two are days already held

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,76 @@ def test_a_file_that_is_one_partial_line_is_emptied_and_gets_its_header(tmp_path
 
     run(go())
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"
+
+
+@pytest.mark.hardening("ingest 4: one batch could open unboundedly many day files")
+def test_one_appends_failure_never_fails_another_appends_write(tmp_path: Path) -> None:
+    (tmp_path / "b.csv").mkdir()  # any write to b.csv fails (EISDIR)
+
+    async def go() -> list[object]:
+        sink, _ = make(tmp_path)
+        blocker = sink.append({"a.csv": b"0\n"})  # the next three wait for this flush: one group
+        group = [sink.append({"a.csv": b"1\n"}), sink.append({"b.csv": b"x\n"}), sink.append({"a.csv": b"2\n"})]
+        await blocker
+        results = await asyncio.gather(*group, return_exceptions=True)
+        await sink.close()
+        return results
+
+    first, failed, last = run(go())  # type: ignore[misc]
+    assert first is None and last is None and isinstance(failed, SinkError)
+    assert (tmp_path / "a.csv").read_bytes() == b"h\n0\n1\n2\n"
+
+
+@pytest.mark.hardening("ingest 4: one batch could open unboundedly many day files")
+def test_a_failed_flush_removes_the_files_it_created(tmp_path: Path) -> None:
+    (tmp_path / "z.csv").mkdir()  # sorted last: new.csv and rejects/r.ndjson are created first
+
+    async def go() -> None:
+        sink, _ = make(tmp_path)
+        with pytest.raises(SinkError):
+            await sink.append({"new.csv": b"1\n", "rejects/r.ndjson": b"r\n", "z.csv": b"x\n"})
+        await sink.close()
+
+    run(go())
+    assert not (tmp_path / "new.csv").exists() and not (tmp_path / "rejects" / "r.ndjson").exists()
+
+
+@pytest.mark.hardening("ingest 4: one batch could open unboundedly many day files")
+def test_a_flush_opens_at_most_max_files_files(tmp_path: Path) -> None:
+    async def go() -> list[tuple[int, bool]]:
+        sink, flushes = make(tmp_path, max_files=4)
+        blocker = sink.append({"0.csv": b"0\n"})
+        waiters = [sink.append({f"{n}.csv": b"%d\n" % n, "r.ndjson": b"r\n"}) for n in range(1, 10)]
+        await blocker
+        await asyncio.gather(*waiters)
+        await sink.close()
+        return flushes
+
+    flushes = run(go())
+    assert len(flushes) == 1 + 3  # 9 appends of 2 files (one shared): 3 + 3 + 3 appends per flush
+    assert (tmp_path / "r.ndjson").read_bytes() == b"r\n" * 9
+
+
+@pytest.mark.hardening("ingest 4: one batch could open unboundedly many day files")
+def test_a_writer_that_finds_its_file_removed_opens_it_again(tmp_path: Path) -> None:
+    import fcntl
+    import os
+    import threading
+
+    path = tmp_path / "d.csv"
+    path.write_bytes(b"")
+    holder = os.open(path, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # as a writer that created it and is about to fail
+
+    async def go() -> None:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"1\n"})
+        await sink.close()
+
+    done = threading.Thread(target=run, args=(go(),))
+    done.start()
+    time.sleep(0.3)  # the sink has opened d.csv and waits for the lock
+    path.unlink()  # the other writer's roll-back removes the file it created, then unlocks
+    os.close(holder)
+    done.join(10)
+    assert path.read_bytes() == b"h\n1\n"

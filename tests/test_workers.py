@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import orjson
+import pytest
 
-from tests.support import Server, record
+from tests.support import ROOT, Server, record
+from tiny.testing import server_env
 
 
 def worker_pids(server: Server) -> set[int]:
@@ -67,3 +72,43 @@ def test_sigint_stops_like_sigterm(tmp_path: Path) -> None:
         assert server.stop(signal.SIGINT) == 0
     finally:
         server.close()
+
+
+def _start_on(port: int, data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``app.py`` on ``port``, expected to give up at once: its exit status and output."""
+    argv = [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--data-dir", str(data), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=20, env=server_env())
+
+
+@pytest.mark.hardening("ingest 5: a second server on a port in use started and took traffic")
+def test_a_second_server_on_a_port_in_use_fails_at_once_and_takes_no_traffic(tmp_path: Path) -> None:
+    """Without the check, SO_REUSEPORT let a second server (here without the first's token)
+    join the port and the kernel sent it about half of the connections."""
+    with Server(tmp_path / "first", processes=2, env={"TINY_TOKEN": "s3cret"}) as first:
+        started = time.monotonic()
+        second = _start_on(first.port, tmp_path / "second", "--processes", "2")
+        assert second.returncode == 1 and time.monotonic() - started < 10
+        assert "address already in use" in second.stdout + second.stderr
+        statuses = [first.ingest(orjson.dumps(record())).status for _ in range(40)]
+    assert statuses == [401] * 40  # every connection reached the server that has the token
+    assert not list((tmp_path / "second").glob("*.csv"))
+
+
+@pytest.mark.hardening("ingest 5: a second server on a port in use started and took traffic")
+def test_a_foreign_reuseport_listener_on_the_port_is_refused_too(tmp_path: Path) -> None:
+    with socket.socket() as other:  # another program that allows port sharing
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        done = _start_on(other.getsockname()[1], tmp_path / "data")
+    assert done.returncode == 1 and "address already in use" in done.stdout + done.stderr
+
+
+@pytest.mark.hardening("ingest 5: a second server on a port in use started and took traffic")
+def test_a_restart_right_after_a_clean_stop_gets_the_same_port(tmp_path: Path) -> None:
+    with Server(tmp_path / "data", processes=2) as server:
+        port = server.port
+        for _ in range(20):  # connections the server closes first are left in TIME_WAIT
+            server.ingest(orjson.dumps(record()))
+    with Server(tmp_path / "data", processes=2, port=port) as again:
+        assert again.ingest(orjson.dumps(record())).status == 200

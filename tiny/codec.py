@@ -3,17 +3,24 @@
 Contract (both implementations keep it, byte for byte; tests/test_codec_differential.py
 holds them equal):
 
-``encode(body: bytes) -> Batch`` where
+``encode(body: bytes, max_days: int = MAX_DAYS, max_rejects: int = MAX_REJECTS) -> Batch``
+where
 
 - ``Batch.days`` maps each record's date (``"YYYY-MM-DD"``) to the CSV rows of that day,
-  in body order, each row LF-terminated, no header;
-- ``Batch.rejects`` lists ``(line_number, reason, raw_line)`` for every invalid line,
-  1-based over the body's physical lines, ``raw_line`` without its LF or CRLF;
-- ``Batch.valid`` and ``Batch.invalid`` count them. Blank lines (only spaces, tabs and
-  CRs) are not records and count in neither.
+  in body order, each row LF-terminated, no header; at most ``max_days`` days: a valid
+  record of a further day is an invalid line (:data:`TOO_MANY_DAYS`);
+- ``Batch.rejects`` lists ``(line_number, reason, raw_line)`` for the first
+  ``max_rejects`` invalid lines, 1-based over the body's physical lines, ``raw_line``
+  without its LF or CRLF;
+- ``Batch.valid`` and ``Batch.invalid`` count every valid and invalid line. Blank lines
+  (only spaces, tabs and CRs) are not records and count in neither;
+- ``Batch.omitted`` is ``(first, last)``, the line numbers of the first and last invalid
+  line past ``max_rejects`` (``invalid - len(rejects)`` of them), or None.
 
-A line is valid when it is a UTF-8 JSON object whose fields pass :func:`encode_record`'s
-rules (docs in README "Records"). The function never raises for any input bytes.
+So the memory one body takes is bounded by a small multiple of its size, whatever its mix
+of valid and invalid lines. A line is valid when it is a UTF-8 JSON object whose fields
+pass :func:`encode_record`'s rules (docs in README "Records"). The function never raises
+for any input bytes.
 
 :data:`encode` is the compiled codec (the ``tiny_codec`` extension, Rust, built from
 rust/tiny_codec by ``make codec``) when it is importable, and the pure-Python
@@ -23,11 +30,12 @@ rust/tiny_codec by ``make codec``) when it is importable, and the pure-Python
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Callable
 from datetime import date as _date
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -35,6 +43,9 @@ from tiny.profiling import profile
 
 STRING_FIELDS = ("r_version", "r_arch", "r_os", "package", "version", "country")  # strings, or NA
 MAX_STRING = 1024  # characters (code points), not bytes
+MAX_DAYS = 16  # distinct days in one body (--max-days)
+MAX_REJECTS = 1000  # invalid lines whose record one body keeps (--max-rejects)
+TOO_MANY_DAYS = "date: more days in one request than --max-days"
 
 # Integers keep orjson's range: it decodes -2**63 .. 2**64-1 as int and anything wider as
 # float, which is "not an integer" here, in both codecs.
@@ -51,6 +62,7 @@ class Batch(NamedTuple):
     rejects: list[tuple[int, str, bytes]]
     valid: int
     invalid: int
+    omitted: tuple[int, int] | None = None
 
 
 class InvalidRecord(ValueError):
@@ -151,7 +163,13 @@ def _decode_line(raw: bytes) -> Any:
 
 
 @profile
-def encode_reference(body: bytes, decode: Callable[[bytes], Any] = _decode_line) -> Batch:
+def encode_reference(
+    body: bytes,
+    max_days: int = MAX_DAYS,
+    max_rejects: int = MAX_REJECTS,
+    *,
+    decode: Callable[[bytes], Any] = _decode_line,
+) -> Batch:
     """The readable reference codec: orjson per line, then :func:`encode_record`.
 
     ``decode`` swaps the JSON decoder (the codec benchmark measures others with it); it
@@ -159,23 +177,42 @@ def encode_reference(body: bytes, decode: Callable[[bytes], Any] = _decode_line)
     """
     days: dict[str, list[bytes]] = {}
     rejects: list[tuple[int, str, bytes]] = []
-    valid = 0
-    for number, raw in enumerate(body.split(b"\n"), 1):
+    invalid = valid = 0
+    omitted_first = omitted_last = 0
+    # Lines one at a time (BytesIO shares the body's buffer): body.split() would hold every
+    # line as an object at once, about 35 bytes each, 20 times a body of short lines.
+    for number, raw in enumerate(io.BytesIO(body), 1):
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
         if raw.endswith(b"\r"):
             raw = raw[:-1]
         if not raw.strip(_BLANK):
             continue
         try:
             day, row = encode_record(decode(raw))
+            if day not in days and len(days) >= max_days:
+                raise InvalidRecord(TOO_MANY_DAYS)
         except InvalidRecord as exc:
-            rejects.append((number, exc.reason, raw))
+            invalid += 1
+            if len(rejects) < max_rejects:
+                rejects.append((number, exc.reason, raw))
+            else:  # kept as a count and a line range only: a small body may hold millions
+                omitted_first = omitted_first or number
+                omitted_last = number
             continue
         days.setdefault(day, []).append(row)
         valid += 1
-    return Batch({day: b"".join(rows) for day, rows in days.items()}, rejects, valid, len(rejects))
+    omitted = (omitted_first, omitted_last) if omitted_first else None
+    return Batch({day: b"".join(rows) for day, rows in days.items()}, rejects, valid, invalid, omitted)
 
 
-def _select() -> tuple[str, Callable[[bytes], Batch]]:
+class Encode(Protocol):
+    """The signature both codecs share."""
+
+    def __call__(self, body: bytes, max_days: int = MAX_DAYS, max_rejects: int = MAX_REJECTS) -> Batch: ...
+
+
+def _select() -> tuple[str, Encode]:
     """Pick the compiled codec unless it is missing or TINY_CODEC=python asks otherwise."""
     if os.environ.get("TINY_CODEC", "").lower() in ("python", "reference"):
         return "python", encode_reference
@@ -183,10 +220,10 @@ def _select() -> tuple[str, Callable[[bytes], Batch]]:
         import tiny_codec  # type: ignore[import-not-found]
     except ImportError:
         return "python", encode_reference
-    compiled: Callable[[bytes], tuple[dict[str, bytes], list[tuple[int, str, bytes]], int, int]] = tiny_codec.encode
+    compiled = tiny_codec.encode
 
-    def encode_compiled(body: bytes) -> Batch:
-        return Batch(*compiled(body))
+    def encode_compiled(body: bytes, max_days: int = MAX_DAYS, max_rejects: int = MAX_REJECTS) -> Batch:
+        return Batch(*compiled(body, max_days, max_rejects))
 
     return "rust", encode_compiled
 

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tiny.codec import MAX_DAYS, MAX_REJECTS
+
 ENV_PREFIX = "TINY_"
 DURABILITIES = ("write", "fsync")
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
@@ -31,6 +33,9 @@ class Config:
     idle_timeout: float = 60.0
     body_timeout: float = 60.0
     drain_timeout: float = 8.0
+    max_days: int = MAX_DAYS
+    max_rejects: int = MAX_REJECTS
+    max_connections: int = 0
     analytics_processes: int = 1
     analytics_threads: int = 1
     analytics_nice: str = "idle"
@@ -125,6 +130,9 @@ _FLAGS: list[tuple[str, object, str]] = [
     ("idle_timeout", _seconds, "seconds a connection may idle or take to send its headers"),
     ("body_timeout", _seconds, "seconds a client may take to send a request body"),
     ("drain_timeout", _seconds, "seconds SIGTERM waits for requests in flight before exiting"),
+    ("max_days", _positive_int, "distinct days one request may hold; records of further days are invalid"),
+    ("max_rejects", _non_negative_int, "invalid lines kept per request in rejects/; the rest are summarised"),
+    ("max_connections", _non_negative_int, "open connections per worker process; 0 = from the descriptor limit"),
     ("analytics_processes", _positive_int, "analytics pool processes per worker (started on the first query)"),
     ("analytics_threads", _positive_int, "polars threads in each analytics pool process"),
     ("analytics_nice", _niceness, "CPU priority of the analytics pool: 'idle' (SCHED_IDLE) or a nice value 0-19"),

@@ -46,6 +46,9 @@ class Metrics:
         self.backlog = Gauge(
             "tiny_backlog_bytes", "Bytes accepted and not yet written", registry=None, multiprocess_mode="livesum"
         )
+        self.connections = Gauge(
+            "tiny_open_connections", "Open client connections", registry=None, multiprocess_mode="livesum"
+        )
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self.valid = self.records.labels("valid")
         self.invalid = self.records.labels("invalid")

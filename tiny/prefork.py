@@ -6,6 +6,12 @@ the workers (one shared accept socket put every keep-alive connection of `ab -k`
 worker). Worker i serves socket i. The parent keeps its copy of every socket open, so a
 worker that dies loses no queued connection: its replacement takes over the same socket.
 
+Only this server's workers share the port: SO_REUSEPORT lets any process of the same user
+join a port, and the kernel then splits the connections between the two servers without a
+word. So binding first checks that nobody listens there (a bind without SO_REUSEPORT), and
+afterwards that every listening socket on the port is one of ours; otherwise the start fails
+with "address already in use".
+
 The parent restarts any worker that dies, forwards SIGTERM/SIGINT to the workers, waits for
 them to drain, and exits 0 when they all exited 0. Workers whose parent disappears (kill -9)
 notice within half a second and shut down cleanly.
@@ -13,6 +19,8 @@ notice within half a second and shut down cleanly.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import logging
 import os
 import shutil
@@ -23,8 +31,9 @@ import tempfile
 import time
 import traceback
 from types import FrameType
+from typing import Any
 
-from tiny import __version__
+from tiny import __version__, descriptors
 from tiny.config import Config
 
 log = logging.getLogger("tiny.prefork")
@@ -33,21 +42,78 @@ _KILL_GRACE_SECONDS = 2.0
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
+class AddressInUse(OSError):
+    """Another process listens on the address and port (answered by exit status 1)."""
+
+
 def bind_sockets(config: Config, count: int) -> list[socket.socket]:
-    """``count`` listening sockets on ``config.address:config.port`` (SO_REUSEPORT)."""
+    """``count`` listening sockets on ``config.address:config.port`` (SO_REUSEPORT) that no
+    other process shares; :class:`AddressInUse` when one listens there."""
     infos = socket.getaddrinfo(config.address, config.port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
     family, kind, proto, _, address = infos[0]
+    if config.port:
+        _check_free(family, address)
     sockets: list[socket.socket] = []
-    for _ in range(count):
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(address)
-        sock.listen(1024)
-        sock.setblocking(False)
-        sockets.append(sock)
-        address = sock.getsockname()  # port 0: the others join the port the first one got
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(address)
+            sock.listen(1024)
+            sock.setblocking(False)
+            address = sock.getsockname()  # port 0: the others join the port the first one got
+        _check_alone(sockets)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
     return sockets
+
+
+def _check_free(family: int, address: Any) -> None:
+    """AddressInUse if any socket listens on ``address``: a bind without SO_REUSEPORT fails
+    then, also next to SO_REUSEPORT listeners. (SO_REUSEADDR: a port the last server left in
+    TIME_WAIT is free.)"""
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise AddressInUse(errno.EADDRINUSE, f"address already in use: {address[0]}:{address[1]}") from None
+            raise
+
+
+def _check_alone(sockets: list[socket.socket]) -> None:
+    """AddressInUse if a listening socket that overlaps ours (same port, same or wildcard
+    address) is not one of ``sockets``: another server bound between the probe and our
+    binds. Linux: /proc/net/tcp{,6}."""
+    family = sockets[0].family
+    ip, port = sockets[0].getsockname()[:2]
+    ours = {os.fstat(sock.fileno()).st_ino for sock in sockets}
+    mine = _proc_address(family, ip)
+    wildcard = _proc_address(family, "0.0.0.0" if family == socket.AF_INET else "::")
+    table = "/proc/net/tcp" if family == socket.AF_INET else "/proc/net/tcp6"
+    try:
+        with open(table) as handle:
+            lines = handle.read().splitlines()[1:]
+    except OSError:
+        return
+    for line in lines:
+        fields = line.split()  # sl local_address rem_address st ... inode (field 9)
+        address, hex_port = fields[1].rsplit(":", 1)
+        listening = fields[3] == "0A"
+        overlaps = address in (mine, wildcard) or mine == wildcard
+        if listening and overlaps and int(hex_port, 16) == port and int(fields[9]) not in ours:
+            raise AddressInUse(errno.EADDRINUSE, f"address already in use: {ip}:{port} has another listener")
+
+
+def _proc_address(family: int, ip: str) -> str:
+    """An IP address as /proc/net/tcp{,6} writes it: 32-bit words in host (little-endian) order."""
+    packed = socket.inet_pton(family, ip)
+    return "".join(packed[i : i + 4][::-1].hex().upper() for i in range(0, len(packed), 4))
 
 
 def serve(config: Config) -> int:
@@ -57,13 +123,26 @@ def serve(config: Config) -> int:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        nofile = descriptors.raise_limit()
+        try:
+            config = dataclasses.replace(
+                config, max_connections=descriptors.connection_limit(config, descriptors.sink_files(config), nofile)
+            )
+        except ValueError as exc:
+            log.error("%s", exc)
+            return 2
         count = config.worker_count()
-        sockets = bind_sockets(config, count)
+        try:
+            sockets = bind_sockets(config, count)
+        except AddressInUse as exc:
+            log.error("cannot listen: %s", exc.strerror)
+            return 1
         from tiny import codec
 
         host, port = sockets[0].getsockname()[:2]
         log.info(
-            "tiny %s listening on http://%s:%d with %d worker process(es), codec %s, data dir %s, durability %s",
+            "tiny %s listening on http://%s:%d with %d worker process(es), codec %s, data dir %s, durability %s, "
+            "at most %d connections per worker (RLIMIT_NOFILE %d)",
             __version__,
             host,
             port,
@@ -71,6 +150,8 @@ def serve(config: Config) -> int:
             codec.CODEC,
             config.data_dir.resolve(),
             config.durability,
+            config.max_connections,
+            nofile,
         )
         if count == 1:  # no fork: kernprof and debuggers see the work in this process
             from tiny.worker import run_worker

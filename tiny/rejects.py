@@ -7,6 +7,12 @@ One JSON object per refused input line, so that rows written + lines here = line
 
 ``raw`` is the line as sent, without its LF/CRLF. Where it is not UTF-8 the bad bytes are
 escaped as ``\\xNN`` in ``raw`` and the exact bytes are also given as ``raw_base64``.
+
+At most ``--max-rejects`` lines of one request are kept; the others are summarised by one
+more object that gives their count and line range, so that the counts stay exact::
+
+    {"received": "...", "line": 1001, "last_line": 500000, "omitted": 499000,
+     "reason": "499000 more invalid lines (1001-500000) not kept: over --max-rejects"}
 """
 
 from __future__ import annotations
@@ -18,8 +24,13 @@ from datetime import datetime
 import orjson
 
 
-def render(rejects: Iterable[tuple[int, str, bytes]], received: datetime) -> bytes:
-    """The rejects-file lines, LF-terminated, for one request's invalid lines."""
+def render(
+    rejects: Iterable[tuple[int, str, bytes]], received: datetime, omitted: tuple[int, int, int] | None = None
+) -> bytes:
+    """The rejects-file lines, LF-terminated, for one request's invalid lines.
+
+    ``omitted``: ``(count, first line, last line)`` of the invalid lines not kept, if any.
+    """
     stamp = received.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     out = []
     for line, reason, raw in rejects:
@@ -30,5 +41,10 @@ def render(rejects: Iterable[tuple[int, str, bytes]], received: datetime) -> byt
             entry["raw"] = raw.decode("utf-8", "backslashreplace")
             entry["raw_base64"] = base64.b64encode(raw).decode("ascii")
         out.append(orjson.dumps(entry))
+    if omitted is not None:
+        count, first, last = omitted
+        reason = f"{count} more invalid lines ({first}-{last}) not kept: over --max-rejects"
+        summary = {"received": stamp, "line": first, "last_line": last, "omitted": count, "reason": reason}
+        out.append(orjson.dumps(summary))
     out.append(b"")
     return b"\n".join(out)

@@ -16,7 +16,13 @@ Locking and ack rules, which hold across every process and container sharing DAT
 - Locks are taken in sorted path order, so two flushes that touch the same files can never
   deadlock, and all locks of a flush are held until it is done: if any write fails (disk
   full, EFBIG, EIO), every file of the flush is truncated back to its size before the flush,
-  so no partial line and no row of a refused request stays on disk.
+  and a file the flush created is removed, so no partial line, no row of a refused request
+  and no empty file stays on disk. A writer that finds its locked file removed (st_nlink 0)
+  opens the path again.
+- One request's failure never fails another's write: when a flush of several appends fails,
+  each append is written again on its own, and only those that fail then get SinkError.
+- Descriptors are bounded: a flush opens at most ``max_files`` files at once (a group commit
+  of appends that touch more files is split in order; one append always goes whole).
 - :meth:`DailyFileSink.append` returns a future that resolves once the data is written
   (``durability="write"``: after write(2); ``"fsync"``: after fsync of each file and, for
   new files, their directory), or fails with :class:`SinkError`. A 200 is sent only then.
@@ -81,6 +87,32 @@ def _repair_torn_tail(fd: int, size: int, path: Path) -> int:
     return end
 
 
+class _Append:
+    """One :meth:`DailyFileSink.append`: its chunks, its size and the future that answers it."""
+
+    __slots__ = ("chunks", "size", "waiter")
+
+    def __init__(self, chunks: Mapping[str, bytes], size: int, waiter: asyncio.Future[None]) -> None:
+        self.chunks = chunks
+        self.size = size
+        self.waiter = waiter
+
+
+def _groups(appends: list[_Append], max_files: int) -> list[list[_Append]]:
+    """``appends`` cut, in order, into groups that touch at most ``max_files`` files each
+    (a group of one append may touch more: an append is never split)."""
+    groups: list[list[_Append]] = []
+    files: set[str] = set()
+    for append in appends:
+        if groups and len(files | append.chunks.keys()) <= max_files:
+            files |= append.chunks.keys()
+            groups[-1].append(append)
+        else:
+            files = set(append.chunks)
+            groups.append([append])
+    return groups
+
+
 class DailyFileSink:
     """Appends byte chunks to files under ``data_dir``; see the module docstring for rules.
 
@@ -94,18 +126,18 @@ class DailyFileSink:
         *,
         fsync: bool = False,
         max_backlog: int = 256 * 1024**2,
+        max_files: int = 32,
         headers: Mapping[str, bytes] | None = None,
         on_flush: Callable[[float, int, bool], None] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.fsync = fsync
         self.max_backlog = max_backlog
+        self.max_files = max_files
         self.headers = dict(headers or {})
         self._on_flush = on_flush
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiny-sink")
-        self._pending: dict[str, list[bytes]] = {}
-        self._waiters: list[asyncio.Future[None]] = []
-        self._pending_bytes = 0
+        self._pending: list[_Append] = []
         self._backlog = 0  # pending + in flight
         self._flushing: asyncio.Task[None] | None = None
 
@@ -126,61 +158,94 @@ class DailyFileSink:
             raise BacklogFull(f"{self._backlog} bytes are waiting for the disk")
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
-        for name, data in chunks.items():
-            self._pending.setdefault(name, []).append(data)
-        self._waiters.append(waiter)
-        self._pending_bytes += size
+        self._pending.append(_Append(chunks, size, waiter))
         self._backlog += size
         if self._flushing is None:
             self._flushing = loop.create_task(self._flush_loop())
         return waiter
 
     async def _flush_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            while self._waiters:
-                pending, waiters, size = self._pending, self._waiters, self._pending_bytes
-                self._pending, self._waiters, self._pending_bytes = {}, [], 0
-                started = time.perf_counter()
-                try:
-                    await loop.run_in_executor(self._executor, self._write_all, pending)
-                except OSError as exc:
-                    log.error("flush of %d bytes failed: %s", size, exc)
-                    error = SinkError(f"the disk refused the write: {exc.strerror or exc}")
-                    for waiter in waiters:
-                        if not waiter.done():
-                            waiter.set_exception(error)
-                    ok = False
-                else:
-                    for waiter in waiters:
-                        if not waiter.done():
-                            waiter.set_result(None)
-                    ok = True
-                finally:
-                    self._backlog -= size
-                if self._on_flush is not None:
-                    self._on_flush(time.perf_counter() - started, size, ok)
+            while self._pending:
+                pending, self._pending = self._pending, []
+                for group in _groups(pending, self.max_files):
+                    if not await self._flush(group) and len(group) > 1:
+                        # One append's failure (a day file the disk refuses) must not fail the
+                        # others: each is written on its own now, in order.
+                        for append in group:
+                            await self._flush([append])
         finally:
             self._flushing = None
+
+    async def _flush(self, group: list[_Append]) -> bool:
+        """Write ``group`` in one flush, all or nothing. On success its appends are answered;
+        on failure only a group of one is (with SinkError): a bigger one is left to retry."""
+        merged: dict[str, list[bytes]] = {}
+        for append in group:
+            for name, data in append.chunks.items():
+                merged.setdefault(name, []).append(data)
+        size = sum(append.size for append in group)
+        started = time.perf_counter()
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._write_all, merged)
+        except OSError as exc:
+            log.error("flush of %d bytes (%d appends) failed: %s", size, len(group), exc)
+            if len(group) == 1:
+                self._answer(group, SinkError(f"the disk refused the write: {exc.strerror or exc}"))
+            ok = False
+        else:
+            self._answer(group, None)
+            ok = True
+        if self._on_flush is not None:
+            self._on_flush(time.perf_counter() - started, size, ok)
+        return ok
+
+    def _answer(self, group: list[_Append], error: SinkError | None) -> None:
+        for append in group:
+            self._backlog -= append.size
+            if append.waiter.done():
+                continue
+            if error is None:
+                append.waiter.set_result(None)
+            else:
+                append.waiter.set_exception(error)
+
+    def _open_locked(self, path: Path) -> tuple[int, bool]:
+        """``path`` opened for appending and exclusively flocked; whether this call created it."""
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                created = True
+            except FileExistsError:
+                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)  # RDWR: the tail check reads
+                created = False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_nlink:
+                    return fd, created
+            except BaseException:
+                os.close(fd)
+                raise
+            # Removed while we waited for its lock (a failed flush of another writer that had
+            # created it): appending there would write into a file nobody sees. Open again.
+            os.close(fd)
 
     @profile
     def _write_all(self, pending: Mapping[str, list[bytes]]) -> None:
         """Runs on the sink thread: one locked O_APPEND write per file, all or nothing."""
-        opened: list[tuple[int, int]] = []  # (fd, size before this flush)
+        opened: list[tuple[int, int, Path | None]] = []  # (fd, size before this flush, path if created)
         new_dirs: set[Path] = set()
         try:
             for name in sorted(pending):  # sorted: one lock order for every process
                 path = self.data_dir / name
                 path.parent.mkdir(parents=True, exist_ok=True)  # one stat when it exists
-                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)  # RDWR: tail check
+                fd, created = self._open_locked(path)
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                    size = os.fstat(fd).st_size
+                    size = _repair_torn_tail(fd, os.fstat(fd).st_size, path)
                 except BaseException:
                     os.close(fd)
                     raise
-                size = _repair_torn_tail(fd, size, path)
-                opened.append((fd, size))
+                opened.append((fd, size, path if created else None))
                 data = b"".join(pending[name])
                 if size == 0:
                     data = self.headers.get(path.suffix, b"") + data
@@ -189,19 +254,22 @@ class DailyFileSink:
             if self.fsync:
                 # The ack promises the rows survive a crash: flush the file data, and the
                 # directory entry of any file this flush created.
-                for fd, _ in opened:
+                for fd, _, _ in opened:
                     os.fsync(fd)
                 for directory in new_dirs:
                     self._fsync_dir(directory)
         except BaseException:
-            for fd, size in opened:
+            for fd, size, new_file in opened:
                 try:
-                    os.ftruncate(fd, size)
+                    if new_file is not None:
+                        new_file.unlink()  # under its lock: a waiting writer sees st_nlink 0
+                    else:
+                        os.ftruncate(fd, size)
                 except OSError as exc:  # pragma: no cover - nothing more can be done
                     log.critical("could not roll back %s to %d bytes: %s", fd, size, exc)
             raise
         finally:
-            for fd, _ in opened:
+            for fd, _, _ in opened:
                 os.close(fd)  # closing the descriptor releases its flock
 
     @staticmethod

@@ -16,13 +16,12 @@ import signal
 import socket
 import time
 
-from tornado.httpserver import HTTPServer
-
-from tiny import codec, layout
+from tiny import codec, descriptors, layout
 from tiny.analytics.service import Analytics
 from tiny.config import Config
 from tiny.drain import Drain
 from tiny.handlers.base import HEADER_READ_LIMIT, Deps, instance_name
+from tiny.httpserver import TinyHTTPServer
 from tiny.metrics import Metrics
 from tiny.routes import make_app
 from tiny.sink import DailyFileSink
@@ -53,6 +52,7 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
         config.data_dir,
         fsync=config.durability == "fsync",
         max_backlog=config.max_backlog,
+        max_files=descriptors.sink_files(config),
         headers={layout.DAY_SUFFIX: layout.HEADER},
         on_flush=on_flush,
     )
@@ -72,12 +72,14 @@ async def _serve(config: Config, sock: socket.socket, parent_pid: int | None) ->
         instance=instance_name(sock.getsockname()[1]),
         started=time.monotonic(),
     )
-    server = HTTPServer(
+    server = TinyHTTPServer(
         make_app(deps),
         max_body_size=config.max_body,
         idle_connection_timeout=config.idle_timeout,  # also bounds the time to send headers
         body_timeout=config.body_timeout,
         max_header_size=HEADER_READ_LIMIT,
+        max_connections=config.max_connections or descriptors.connection_limit(config, descriptors.sink_files(config)),
+        on_connections=metrics.connections.set,
     )
     server.add_sockets([sock])
 

@@ -86,18 +86,28 @@ class JSONHandler(web.RequestHandler):
             raise APIError(431, f"request headers larger than {MAX_HEADER_BYTES} bytes")
 
     def check_token(self) -> None:
-        """401 unless the request carries ``Authorization: Bearer <token>`` (when one is set)."""
+        """401 unless the request carries ``Authorization: Bearer <token>`` (when one is set).
+
+        The scheme is case-insensitive (RFC 9110, section 11.1), the token is not.
+        """
         token = self.config.token
         if token is None:
             return
-        sent = self.request.headers.get("Authorization", "")
+        scheme, _, sent = self.request.headers.get("Authorization", "").strip().partition(" ")
         # compare_digest: the time taken does not tell how much of the token was right
-        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(sent.strip().encode(), token.encode()):
             raise APIError(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="tiny"'})
 
+    def body_read(self) -> bool:
+        """Whether the whole request body has been read (always, unless the handler streams it)."""
+        return True
+
     def finish(self, chunk: str | bytes | dict[str, Any] | None = None) -> Any:
-        # The one place that decides whether this answer closes its connection.
-        if self.deps.drain.closes_connection():
+        # The one place that decides whether this answer closes its connection: while
+        # draining, and whenever Tornado will close it because the answer comes before the
+        # body was read (an early 401, 405, 413 or 415). Said out loud, a proxy does not put
+        # the connection back in its keep-alive pool and send the next request into a close.
+        if self.deps.drain.closes_connection() or not self.body_read():
             self.set_header("Connection", "close")
         return super().finish(chunk)
 

@@ -16,6 +16,8 @@ from tiny.sink import BacklogFull, SinkError
 
 MAX_ERRORS = 10  # per-line errors listed in a 200 answer; all of them go to rejects/
 INLINE_DECODE_BYTES = 1024 * 1024  # bodies up to this are decoded on the event loop itself
+MAX_GZIP_MEMBERS = 250_000  # about 0.5 s of zlib set-up; real bodies have one member, or a few
+_MIN_FEED, _MAX_FEED = 64, 64 * 1024  # bytes given to zlib at once (see gunzip)
 NDJSON_TYPES = frozenset(
     {
         "application/x-ndjson",
@@ -33,22 +35,36 @@ NDJSON_TYPES = frozenset(
 
 
 def gunzip(body: bytes, limit: int) -> bytes:
-    """Decompress a gzip body (one or more members); 413 past ``limit``, 400 if corrupt."""
+    """Decompress a gzip body of one or more members; 413 past ``limit`` bytes or
+    MAX_GZIP_MEMBERS members, 400 if corrupt or truncated. Linear in the body's size.
+
+    zlib copies the input left over after a member's end (``unused_data``); fed the whole
+    rest of the body, that copy made many small members quadratic. So the inflater is fed
+    slices of about twice the previous member's size, and the position is tracked here.
+    """
     out: list[bytes] = []
-    size = 0
-    data = body
+    size = members = pos = 0
+    view = memoryview(body)
+    feed = _MAX_FEED
     try:
-        while data:
+        while pos < len(body):
+            members += 1
+            if members > MAX_GZIP_MEMBERS:
+                raise APIError(413, f"gzip body has more than {MAX_GZIP_MEMBERS} members")
             inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-            # max_length bounds the memory a gzip bomb can take before it is refused
-            chunk = inflater.decompress(data, limit - size + 1)
-            size += len(chunk)
-            if size > limit or inflater.unconsumed_tail:
-                raise APIError(413, f"decompressed body is larger than {limit} bytes")
-            if not inflater.eof:
-                raise APIError(400, "gzip body is truncated")
-            out.append(chunk)
-            data = inflater.unused_data
+            start = pos
+            while not inflater.eof:
+                data = view[pos : pos + feed]
+                if not data:
+                    raise APIError(400, "gzip body is truncated")
+                # max_length bounds the memory a gzip bomb can take before it is refused
+                chunk = inflater.decompress(data, limit - size + 1)
+                size += len(chunk)
+                if size > limit or inflater.unconsumed_tail:
+                    raise APIError(413, f"decompressed body is larger than {limit} bytes")
+                out.append(chunk)
+                pos += len(data) - len(inflater.unused_data)
+            feed = min(max(2 * (pos - start), _MIN_FEED), _MAX_FEED)
     except zlib.error as exc:
         raise APIError(400, f"gzip body is corrupt: {exc}") from None
     return b"".join(out)
@@ -77,6 +93,7 @@ class IngestHandler(JSONHandler):
         self._chunks: list[bytes] = []
         self._received = 0
         self._counted = False
+        self._body_read = False
 
     def prepare(self) -> None:
         self._counted = True
@@ -116,8 +133,12 @@ class IngestHandler(JSONHandler):
             return
         self._chunks.append(chunk)
 
+    def body_read(self) -> bool:
+        return self._body_read
+
     @profile
     async def post(self) -> None:
+        self._body_read = True  # Tornado calls post() once the whole body is in
         if self._finished:  # answered already (413 while streaming)
             return
         body = b"".join(self._chunks)
@@ -125,16 +146,12 @@ class IngestHandler(JSONHandler):
         received = len(body)
         if received > INLINE_DECODE_BYTES or self._gzip:
             # A big body (or any gzip body: a small one may inflate to --max-body) would hold
-            # the event loop for milliseconds: decode it on a thread (zlib and the compiled
-            # codec release the GIL, so other requests go on meanwhile).
+            # the event loop for milliseconds: decode it, and render its rejects, on a thread
+            # (zlib and the compiled codec release the GIL, so other requests go on meanwhile).
             loop = asyncio.get_running_loop()
-            batch = await loop.run_in_executor(None, self._decode, body)
+            batch, chunks = await loop.run_in_executor(None, self._encode, body)
         else:
-            batch = self._decode(body)
-        chunks = {layout.day_file(day): rows for day, rows in batch.days.items()}
-        if batch.rejects:
-            now = datetime.now(UTC)
-            chunks[layout.rejects_file(now)] = rejects.render(batch.rejects, now)
+            batch, chunks = self._encode(body)
         if chunks:
             try:
                 await self.deps.sink.append(chunks)
@@ -167,10 +184,19 @@ class IngestHandler(JSONHandler):
             )
         )
 
-    def _decode(self, body: bytes) -> codec.Batch:
+    def _encode(self, body: bytes) -> tuple[codec.Batch, dict[str, bytes]]:
+        """The body's batch, and the bytes it appends to each file (relative to DATA_DIR)."""
         if self._gzip:
             body = gunzip(body, self.config.max_body)
-        return codec.encode(body)
+        batch = codec.encode(body, self.config.max_days, self.config.max_rejects)
+        chunks = {layout.day_file(day): rows for day, rows in batch.days.items()}
+        if batch.invalid:
+            now = datetime.now(UTC)
+            omitted = None
+            if batch.omitted is not None:
+                omitted = (batch.invalid - len(batch.rejects), *batch.omitted)
+            chunks[layout.rejects_file(now)] = rejects.render(batch.rejects, now, omitted)
+        return batch, chunks
 
     def _done(self) -> None:
         if self._counted:

@@ -28,7 +28,7 @@ fn main() {
         let t = Instant::now();
         let mut valid = 0;
         for body in &bodies {
-            valid += tiny_codec::batch::encode(body).valid;
+            valid += tiny_codec::batch::encode(body, Default::default()).valid;
         }
         assert_eq!(valid, records);
         rates.push(records as f64 / t.elapsed().as_secs_f64());

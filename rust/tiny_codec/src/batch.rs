@@ -16,13 +16,57 @@ pub struct Reject {
     pub end: usize,
 }
 
+/// The reason of a valid record whose day would be one more than `max_days`.
+pub const TOO_MANY_DAYS: &str = "date: more days in one request than --max-days";
+
+/// What one body may hold (tiny/codec.py's MAX_DAYS and MAX_REJECTS by default).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Distinct days; a valid record of a further day is refused with [`TOO_MANY_DAYS`].
+    pub max_days: usize,
+    /// Refused lines kept as a [`Reject`]; the rest are only counted, with their line range.
+    pub max_rejects: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_days: 16, max_rejects: 1000 }
+    }
+}
+
 /// The result of [`encode`]: tiny/codec.py's `Batch`, minus the Python objects.
 #[derive(Debug, Default)]
 pub struct Encoded {
     /// Each day's rows, in order of the day's first record.
     pub days: Vec<([u8; 10], Vec<u8>)>,
+    /// The first `max_rejects` refused lines.
     pub rejects: Vec<Reject>,
     pub valid: usize,
+    /// Every refused line, kept or not.
+    pub invalid: usize,
+    /// First and last line number of the refused lines past `max_rejects`.
+    pub omitted: Option<(usize, usize)>,
+}
+
+/// Refused lines: the first `max` kept whole, the others only counted (memory stays bounded
+/// by the body's size whatever share of its lines are refused).
+struct Refused {
+    kept: Vec<Reject>,
+    max: usize,
+    count: usize,
+    omitted: Option<(usize, usize)>,
+}
+
+impl Refused {
+    fn push(&mut self, reject: Reject) {
+        self.count += 1;
+        if self.kept.len() < self.max {
+            self.kept.push(reject);
+        } else {
+            let first = self.omitted.map_or(reject.line, |(first, _)| first);
+            self.omitted = Some((first, reject.line));
+        }
+    }
 }
 
 /// Lines that are empty or only spaces, tabs and CRs are no records.
@@ -32,7 +76,7 @@ fn blank(line: &[u8]) -> bool {
 }
 
 /// Encode a body: the same days, rows, rejects and counts as `encode_reference`.
-pub fn encode(body: &[u8]) -> Encoded {
+pub fn encode(body: &[u8], limits: Limits) -> Encoded {
     // All rows go into one buffer, in body order, and `rows` remembers each row's day and
     // end; most bodies hold a single day, whose rows are then that buffer as it is. CSV
     // rows are about half as long as their JSON lines, hence the capacity.
@@ -42,7 +86,7 @@ pub fn encode(body: &[u8]) -> Encoded {
     let mut days: Vec<u32> = Vec::new();
     let mut day_index: HashMap<u32, u32> = HashMap::new();
     let mut last_day: Option<(u32, u32)> = None;
-    let mut rejects = Vec::new();
+    let mut rejects = Refused { kept: Vec::new(), max: limits.max_rejects, count: 0, omitted: None };
 
     let mut fields = [Field::Missing; 10];
     let mut key_buf = Vec::new();
@@ -79,15 +123,24 @@ pub fn encode(body: &[u8]) -> Encoded {
                     Ok(day) => {
                         let index = match last_day {
                             Some((last, index)) if last == day => index,
-                            _ => {
-                                let next = days.len() as u32;
-                                let index = *day_index.entry(day).or_insert(next);
-                                if index == next {
-                                    days.push(day);
+                            _ => match day_index.get(&day) {
+                                Some(&index) => {
+                                    last_day = Some((day, index));
+                                    index
                                 }
-                                last_day = Some((day, index));
-                                index
-                            }
+                                None if days.len() >= limits.max_days => {
+                                    out.truncate(row_start);
+                                    rejects.push(refuse(TOO_MANY_DAYS));
+                                    continue;
+                                }
+                                None => {
+                                    let index = days.len() as u32;
+                                    day_index.insert(day, index);
+                                    days.push(day);
+                                    last_day = Some((day, index));
+                                    index
+                                }
+                            },
                         };
                         rows.push((index, out.len()));
                     }
@@ -118,7 +171,7 @@ pub fn encode(body: &[u8]) -> Encoded {
             grouped
         }
     };
-    Encoded { days, rejects, valid }
+    Encoded { days, rejects: rejects.kept, valid, invalid: rejects.count, omitted: rejects.omitted }
 }
 
 #[cfg(test)]
@@ -134,7 +187,7 @@ mod tests {
         let mut bytes = body.into_bytes();
         let n = bytes.len();
         bytes[n - 2] = 0xff; // invalid UTF-8 on line 8
-        let enc = encode(&bytes);
+        let enc = encode(&bytes, Limits::default());
         assert_eq!(enc.valid, 3);
         assert_eq!(enc.days.len(), 2);
         assert_eq!(enc.days[0].0, *b"2014-05-04");
@@ -149,7 +202,28 @@ mod tests {
 
     #[test]
     fn empty_body() {
-        let enc = encode(b"");
-        assert_eq!((enc.days.len(), enc.rejects.len(), enc.valid), (0, 0, 0));
+        let enc = encode(b"", Limits::default());
+        assert_eq!((enc.days.len(), enc.rejects.len(), enc.valid, enc.invalid, enc.omitted), (0, 0, 0, 0, None));
+    }
+
+    #[test]
+    fn rejects_past_the_limit_are_counted_with_their_line_range() {
+        let body = format!("x\n{A}\ny\n\nz\nw\n{A}\nv");
+        let enc = encode(body.as_bytes(), Limits { max_days: 16, max_rejects: 2 });
+        let kept: Vec<_> = enc.rejects.iter().map(|r| r.line).collect();
+        assert_eq!((kept, enc.invalid, enc.omitted, enc.valid), (vec![1, 3], 5, Some((5, 8)), 2));
+        let none = encode(body.as_bytes(), Limits { max_days: 16, max_rejects: 0 });
+        assert_eq!((none.rejects.len(), none.invalid, none.omitted), (0, 5, Some((1, 8))));
+    }
+
+    #[test]
+    fn records_of_days_past_the_limit_are_refused_and_write_nothing() {
+        let body = format!("{A}\n{B}\n{A}\n{B}\n");
+        let enc = encode(body.as_bytes(), Limits { max_days: 1, max_rejects: 10 });
+        assert_eq!(enc.days.len(), 1);
+        assert_eq!(enc.days[0].1.len(), 2 * "\"2014-05-04\",\"00:50:55\",1,NA,NA,NA,NA,NA,NA,1\n".len());
+        let reasons: Vec<_> = enc.rejects.iter().map(|r| (r.line, r.reason)).collect();
+        assert_eq!(reasons, [(2, TOO_MANY_DAYS), (4, TOO_MANY_DAYS)]);
+        assert_eq!((enc.valid, enc.invalid), (2, 2));
     }
 }

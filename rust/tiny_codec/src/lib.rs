@@ -1,8 +1,9 @@
 //! `tiny_codec`: the compiled codec of Tiny Data Server.
 //!
-//! `tiny_codec.encode(body: bytes) -> (days, rejects, valid, invalid)` returns exactly what
-//! `tiny.codec.encode_reference(body)` returns (as a plain tuple; tiny/codec.py wraps it in
-//! `Batch`), for any input bytes, and never raises for bytes input.
+//! `tiny_codec.encode(body, max_days=16, max_rejects=1000) -> (days, rejects, valid, invalid,
+//! omitted)` returns exactly what `tiny.codec.encode_reference(body, max_days, max_rejects)`
+//! returns (as a plain tuple; tiny/codec.py wraps it in `Batch`), for any input bytes, and
+//! never raises for bytes input.
 //!
 //! - [`json`]: a strict JSON scanner, accepting what orjson accepts, specialised for one
 //!   flat record object per line with ten known keys;
@@ -25,13 +26,17 @@ mod python {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-    /// encode(body: bytes) -> tuple[dict[str, bytes], list[tuple[int, str, bytes]], int, int]
+    /// encode(body: bytes, max_days: int = 16, max_rejects: int = 1000) -> tuple[dict[str, bytes],
+    ///     list[tuple[int, str, bytes]], int, int, tuple[int, int] | None]
     ///
-    /// The NDJSON body as CSV rows per day, rejects (line number, reason, raw line), and
-    /// the valid and invalid counts: the same values as tiny.codec.encode_reference.
+    /// The NDJSON body as CSV rows per day, the first max_rejects rejects (line number,
+    /// reason, raw line), the valid and invalid counts, and the line range of the rejects
+    /// left out: the same values as tiny.codec.encode_reference.
     #[pyfunction]
-    fn encode<'py>(py: Python<'py>, body: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
-        let encoded = py.detach(|| crate::batch::encode(body));
+    #[pyo3(signature = (body, max_days = 16, max_rejects = 1000))]
+    fn encode<'py>(py: Python<'py>, body: &[u8], max_days: usize, max_rejects: usize) -> PyResult<Bound<'py, PyTuple>> {
+        let limits = crate::batch::Limits { max_days, max_rejects };
+        let encoded = py.detach(|| crate::batch::encode(body, limits));
         let days = PyDict::new(py);
         for (day, rows) in &encoded.days {
             let key = PyString::new(py, &String::from_utf8_lossy(day));
@@ -41,8 +46,7 @@ mod python {
             py,
             encoded.rejects.iter().map(|r| (r.line, r.reason, PyBytes::new(py, &body[r.start..r.end]))),
         )?;
-        let invalid = encoded.rejects.len();
-        (days, rejects, encoded.valid, invalid).into_pyobject(py)
+        (days, rejects, encoded.valid, encoded.invalid, encoded.omitted).into_pyobject(py)
     }
 
     #[pymodule]

@@ -1,0 +1,247 @@
+"""The HTTP server of a worker: Tornado's, with a connection cap, a calm accept loop, and chunk extensions.
+
+Three things Tornado 6.6's ``HTTPServer`` does not do, which a server facing hostile
+clients needs:
+
+- **A cap on open connections** (``--max-connections``): a connection past it is closed at
+  once, so idle clients cannot take the descriptors the sink needs for the day files.
+- **An accept loop that backs off**: when ``accept(2)`` fails for lack of descriptors or
+  memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), Tornado's loop logs a traceback and retries at
+  once, spinning; here it logs at most once a second and pauses accepting for a moment.
+- **HTTP/1.1 chunk extensions and trailers** (RFC 9112, section 7.1): ``1a;name=value``
+  size lines and trailer fields after the last chunk are valid, and Tornado answers them
+  with a bare 400. Here extensions are skipped and trailers read and ignored, within
+  bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tornado import httputil, iostream
+from tornado.http1connection import (
+    _CHUNK_YIELD_COST,
+    _YIELD_THRESHOLD,
+    HTTP1Connection,
+    HTTP1ServerConnection,
+    _is_done,
+)
+from tornado.httpserver import HTTPServer, _HTTPRequestContext
+from tornado.ioloop import IOLoop
+
+log = logging.getLogger("tiny.httpserver")
+
+_ACCEPT_BATCH = 128  # connections accepted per wake-up before other work gets a turn
+_ACCEPT_PAUSE = 0.1  # seconds accept pauses after it ran out of descriptors or memory
+_LOG_EVERY = 1.0  # seconds between two log lines of the same kind
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+MAX_CHUNK_LINE = 4096  # bytes of a chunk-size line with its extensions
+MAX_TRAILERS = 64 * 1024  # bytes of trailer fields after the last chunk
+
+
+class _Every:
+    """A log line at most once per ``seconds``, with the count of the ones held back."""
+
+    def __init__(self, seconds: float = _LOG_EVERY) -> None:
+        self.seconds = seconds
+        self.last = 0.0
+        self.held = 0
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self.last < self.seconds:
+            self.held += 1
+            return
+        held, self.held, self.last = self.held, 0, now
+        log.log(level, message + (" (and %d more like it)" if held else ""), *args, *((held,) if held else ()))
+
+
+class TinyHTTPServer(HTTPServer):
+    """``HTTPServer`` plus ``max_connections``, a backing-off accept loop and chunk extensions.
+
+    ``on_connections(n)`` is called with the number of open connections whenever it changes.
+    """
+
+    def initialize(  # type: ignore[override]
+        self,
+        *args: Any,
+        max_connections: int,
+        on_connections: Callable[[int], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().initialize(*args, **kwargs)
+        self.max_connections = max_connections
+        self.open_connections = 0
+        self._on_connections = on_connections
+        self._refused = _Every()
+        self._accept_errors = _Every()
+
+    def add_sockets(self, sockets: Any) -> None:
+        # TCPServer.add_sockets with our accept loop; _sockets and _handlers are what its
+        # stop() uses to close the sockets and remove their handlers.
+        for sock in sockets:
+            self._sockets[sock.fileno()] = sock
+            self._handlers[sock.fileno()] = self._accept_on(sock)
+
+    def _accept_on(self, sock: socket.socket) -> Callable[[], None]:
+        io_loop = IOLoop.current()
+        state = {"removed": False, "paused": False}
+
+        def resume() -> None:
+            state["paused"] = False
+            if not state["removed"]:
+                io_loop.add_handler(sock, accept, IOLoop.READ)
+
+        def accept(fd: object, events: int) -> None:
+            for _ in range(_ACCEPT_BATCH):
+                if state["removed"] or state["paused"]:
+                    return
+                try:
+                    connection, address = sock.accept()
+                except (BlockingIOError, ConnectionAbortedError, InterruptedError):
+                    return
+                except OSError as exc:
+                    if exc.errno not in _OUT_OF_RESOURCES:
+                        raise
+                    # Out of descriptors or memory: retrying now would spin. The kernel keeps
+                    # the connections queued meanwhile.
+                    self._accept_errors.log(logging.ERROR, "accept() failed: %s; pausing %.1f s", exc, _ACCEPT_PAUSE)
+                    state["paused"] = True
+                    io_loop.remove_handler(sock)
+                    io_loop.call_later(_ACCEPT_PAUSE, resume)
+                    return
+                self._handle_connection(connection, address)
+
+        def remove() -> None:
+            if not state["paused"]:
+                io_loop.remove_handler(sock)
+            state["removed"] = True
+
+        io_loop.add_handler(sock, accept, IOLoop.READ)
+        return remove
+
+    def handle_stream(self, stream: iostream.IOStream, address: tuple[Any, ...]) -> None:
+        if self.open_connections >= self.max_connections:
+            self._refused.log(logging.WARNING, "%d connections open: closed a new one at once", self.open_connections)
+            stream.close()
+            return
+        context = _HTTPRequestContext(stream, address, self.protocol, self.trusted_downstream)
+        conn = _ServerConnection(stream, self.conn_params, context)
+        self._connections.add(conn)
+        self._count(+1)
+        conn.start_serving(self)
+
+    def on_close(self, server_conn: object) -> None:
+        super().on_close(server_conn)
+        self._count(-1)
+
+    def _count(self, change: int) -> None:
+        self.open_connections += change
+        if self._on_connections is not None:
+            self._on_connections(self.open_connections)
+
+
+class _Connection(HTTP1Connection):
+    """``HTTP1Connection`` whose chunked-body reader accepts chunk extensions and trailers."""
+
+    async def _read_chunked_body(self, delegate: httputil.HTTPMessageDelegate) -> None:
+        # Tornado 6.6's _read_chunked_body, with two changes marked "RFC 9112": the size line
+        # may carry extensions, and the last chunk may be followed by trailer fields.
+        total_size = 0
+        pending = bytearray()
+        work = 0
+
+        def read(future: Any) -> Any:
+            if pending and not _is_done(future):
+                return flush_and_read(future)
+            return future
+
+        async def flush_and_read(future: Any) -> bytes:
+            data = bytes(pending)
+            pending.clear()
+            await self._deliver_body(delegate, data)
+            return await future  # type: ignore[no-any-return]
+
+        while True:
+            work += _CHUNK_YIELD_COST
+            if work >= _YIELD_THRESHOLD:
+                work = 0
+                await asyncio.sleep(0)
+            line = await read(self.stream.read_until(b"\r\n", max_bytes=MAX_CHUNK_LINE))
+            chunk_len = _chunk_size(line)  # RFC 9112: chunk-size [ chunk-ext ] CRLF
+            if chunk_len == 0:
+                await self._read_trailers(read)  # RFC 9112: trailer-section CRLF
+                if pending:
+                    await self._deliver_body(delegate, bytes(pending))
+                return
+            total_size += chunk_len
+            if total_size > self._max_body_size:
+                raise httputil.HTTPInputError("chunked body too large")
+            bytes_to_read = chunk_len
+            while bytes_to_read:
+                chunk = await read(self.stream.read_bytes(min(bytes_to_read, self.params.chunk_size), partial=True))
+                bytes_to_read -= len(chunk)
+                if not pending and len(chunk) == self.params.chunk_size:
+                    await self._deliver_body(delegate, chunk)
+                else:
+                    pending += chunk
+                    if len(pending) >= self.params.chunk_size:
+                        data = bytes(pending[: self.params.chunk_size])
+                        del pending[: self.params.chunk_size]
+                        await self._deliver_body(delegate, data)
+                work += len(chunk)
+                if work >= _YIELD_THRESHOLD:
+                    work = 0
+                    await asyncio.sleep(0)
+            crlf = await read(self.stream.read_bytes(2))
+            if crlf != b"\r\n":
+                raise httputil.HTTPInputError("improperly terminated chunk")
+
+    async def _read_trailers(self, read: Callable[[Any], Any]) -> None:
+        """Read and drop the trailer fields up to the empty line (at most MAX_TRAILERS bytes)."""
+        left = MAX_TRAILERS
+        while True:
+            line = await read(self.stream.read_until(b"\r\n", max_bytes=left))
+            if line == b"\r\n":
+                return
+            left -= len(line)
+            if b":" not in line or left <= 2:
+                raise httputil.HTTPInputError("malformed chunked trailer")
+
+
+def _chunk_size(line: bytes) -> int:
+    """The size of a chunk-size line ``HEX [ ; ext ]... CRLF``; HTTPInputError if malformed."""
+    size = line[:-2].split(b";", 1)[0].rstrip(b" \t")  # BWS is allowed before ";"
+    if not size or size.strip(b"0123456789abcdefABCDEF"):
+        raise httputil.HTTPInputError("invalid chunk size")
+    return int(size, 16)
+
+
+class _ServerConnection(HTTP1ServerConnection):
+    """``HTTP1ServerConnection`` that reads each request with :class:`_Connection`."""
+
+    async def _server_request_loop(self, delegate: httputil.HTTPServerConnectionDelegate) -> None:
+        # Tornado 6.6's loop, constructing our _Connection instead of HTTP1Connection.
+        try:
+            while True:
+                conn = _Connection(self.stream, False, self.params, self.context)
+                request_delegate = delegate.start_request(self, conn)
+                try:
+                    ret = await conn.read_response(request_delegate)
+                except (iostream.StreamClosedError, iostream.UnsatisfiableReadError, asyncio.CancelledError):
+                    return
+                except Exception:
+                    log.error("Uncaught exception", exc_info=True)
+                    conn.close()
+                    return
+                if not ret:
+                    return
+                await asyncio.sleep(0)
+        finally:
+            delegate.on_close(self)
