@@ -46,6 +46,7 @@ check: venv ## ruff (lint and format) and mypy
 	$(BIN)/mypy
 
 test: venv codec sysdeps check ## the whole suite: cargo's unit tests, the Python codec's run, then everything on the installed codec
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory compose-v2; fi
 	@if command -v cargo >/dev/null 2>&1; then cd rust/tiny_codec && cargo test -q --lib --target-dir ../target; fi
 	@if $(BIN)/python -c "import tiny_codec" 2>/dev/null; then \
 	  echo "== the HTTP contract on the pure-Python reference codec (TINY_CODEC=python) =="; \

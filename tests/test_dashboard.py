@@ -263,3 +263,29 @@ def test_clicking_a_whale_shows_its_detail_view(server: Server, whales: list[dic
         assert png.startswith(b"\x89PNG")
     finally:
         browser.close()
+
+
+@pytest.mark.hardening("around 5: the dashboard showed the wrong whale for an ip_id past 2^53")
+def test_ip_ids_past_2_to_the_53_are_shown_and_followed_exactly(server: Server, tmp_path: Path) -> None:
+    """2^53+1 and 2^53+3 are no JavaScript numbers (they round to 2^53 and 2^53+4): the page
+    keeps ip_ids as strings, so it shows and asks for the right whales."""
+    top, second = 2**53 + 1, 2**53 + 3
+    rows = [(top, n) for n in range(3)] + [(second, n) for n in range(2)]
+    body = "\n".join(
+        json.dumps({"date": "2014-06-03", "time": f"10:0{n}:00", "size": 1, "package": "p", "ip_id": ip})
+        for ip, n in rows
+    )
+    assert server.request("POST", "/ingest", body.encode()).status == 200
+    browser = DevTools(tmp_path / "profile")
+    try:
+        browser.open(f"http://127.0.0.1:{server.port}/#day=2014-06-03&top=2")
+        browser.wait_for('document.body.dataset.ready === "1"')
+        shown = browser.evaluate('[...document.querySelectorAll("#whales tbody tr")].map(r => r.cells[2].textContent)')
+        assert shown == [str(top), str(second)]
+        assert browser.evaluate('document.getElementById("view-detail").dataset.ipId') == str(top)
+        browser.click(f'#whales tr[data-ip-id="{second}"]')
+        browser.wait_for(f'document.getElementById("view-detail").dataset.ipId === "{second}"')
+        browser.wait_for('document.querySelectorAll("#downloads-table tbody tr").length === 2')
+        assert f"ip_id {second}: 2 downloads" in browser.evaluate('document.getElementById("detail-title").textContent')
+    finally:
+        browser.close()

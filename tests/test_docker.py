@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT, Load, http_get, record
-from tiny.testing import compose_command, docker_unavailable, free_port
+from tiny.testing import compose_variants, docker_unavailable, free_port
 
 _TIMEOUT = 10.0
 _BUILD_TIMEOUT = 900.0  # a cold `make images-offline` (Debian root, both images) takes about a minute
@@ -32,7 +32,7 @@ def _run(args: list[str], timeout: float = 120.0, **kwargs: object) -> subproces
 
 
 _REASON = "TINY_DOCKER_TESTS=0" if os.environ.get("TINY_DOCKER_TESTS") == "0" else docker_unavailable()
-_COMPOSE = None if _REASON else compose_command()
+_COMPOSES = {} if _REASON else compose_variants()  # v2 and v1: the file must work with both
 if _REASON:
     print(f"tests/test_docker.py skipped: {_REASON}")
 
@@ -42,8 +42,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.skipif(bo
 class Stack:
     """One compose project of docker-compose.yml; see the module docstring."""
 
-    def __init__(self, home: Path) -> None:
-        assert _COMPOSE is not None
+    def __init__(self, home: Path, variant: str) -> None:
+        command, extra = _COMPOSES[variant]
+        self.variant = variant
         self.project = "tinytest" + uuid.uuid4().hex[:8]
         self.port = free_port()
         self.data = home / "data"
@@ -54,8 +55,9 @@ class Stack:
             TINY_HTTP_PORT=str(self.port),
             TINY_HTTP_BIND="127.0.0.1",
             TINY_HEALTH_INTERVAL="1s",  # healthy, and nginx started, a second after start
+            **extra,
         )
-        self.base = [*_COMPOSE, "-f", str(ROOT / "docker-compose.yml"), "-p", self.project]
+        self.base = [*command, "-f", str(ROOT / "docker-compose.yml"), "-p", self.project]
         self.timings: dict[str, float] = {}
 
     def compose(self, *args: str, timeout: float = 180.0, check: bool = True) -> str:
@@ -120,15 +122,17 @@ def images() -> dict[str, float]:
     return {"make images-offline": round(time.monotonic() - started, 1)}
 
 
-@pytest.fixture(scope="module")
-def stack(images: dict[str, float], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = Stack(tmp_path_factory.mktemp("compose"))
+@pytest.fixture(scope="module", params=sorted(_COMPOSES) or ["none"])
+def stack(
+    images: dict[str, float], tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    running = Stack(tmp_path_factory.mktemp("compose"), request.param)
     running.timings.update(images)
     try:
         running.compose("up", "-d", "--no-build", "--scale", "tiny=4")
         yield running
     finally:
-        print(f"\n{' '.join(_COMPOSE or [])} timings (s): {running.timings}")
+        print(f"\ncompose {request.param} timings (s): {running.timings}")
         running.down()
 
 
@@ -177,6 +181,35 @@ def test_scale_to_two_and_back_to_four_while_clients_post(stack: Stack) -> None:
     assert set(statuses) <= {"200", "502", "503", "no answer"}, statuses
     assert len(load.requests) - statuses["200"] <= 0.02 * len(load.requests) + 10, statuses
     load.check_day_file(stack.data)
+
+
+def _app_processes(container: str) -> list[int]:
+    """Host pids of the processes in ``container`` but its init (the app and its workers)."""
+    top = _run(["docker", "top", container, "-eo", "pid,args"], timeout=30).stdout.splitlines()[1:]
+    return [int(line.split()[0]) for line in top if "docker-init" not in line]
+
+
+@pytest.mark.hardening("around 8: the containers ran with a writable root and default capabilities")
+def test_the_containers_are_locked_down(stack: Stack) -> None:
+    """Read-only root filesystems, every capability dropped but what the entrypoints need,
+    no-new-privileges; the app itself runs with no capability at all, as the data dir's owner."""
+    for container in stack.containers():
+        config = json.loads(_run(["docker", "inspect", container], timeout=30).stdout)[0]["HostConfig"]
+        assert config["ReadonlyRootfs"] is True, container
+        added = sorted(cap.removeprefix("CAP_") for cap in config["CapAdd"])  # v2 writes CAP_CHOWN, v1 CHOWN
+        assert [cap.removeprefix("CAP_") for cap in config["CapDrop"]] == ["ALL"]
+        assert added == ["CHOWN", "KILL", "SETGID", "SETUID"]
+        assert "no-new-privileges:true" in config["SecurityOpt"]
+    app = stack.containers("tiny")[0]
+    pids = _app_processes(app)
+    assert pids
+    for pid in pids:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        assert int(fields["CapEff"], 16) == 0 and int(fields["CapPrm"], 16) == 0, fields["CapPrm"]
+        assert fields["NoNewPrivs"].strip() == "1"
+        assert fields["Uid"].split()[0] == str(stack.data.stat().st_uid)
+    write = _run(["docker", "exec", app, "sh", "-c", "echo x > /app/x"], timeout=30)
+    assert write.returncode != 0 and "Read-only file system" in write.stderr
 
 
 def test_stop_exits_every_container_with_0_and_loses_no_acked_row(stack: Stack) -> None:

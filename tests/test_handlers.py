@@ -437,3 +437,18 @@ def test_trailers_past_their_limit_close_the_connection(server: Server) -> None:
     trailers = b"".join(b"X-T%d: %s\r\n" % (n, b"v" * 1000) for n in range(MAX_TRAILERS // 1000 + 2))
     answer = raw_exchange(server.port, head + b"1\r\nx\r\n0\r\n" + trailers + b"\r\n")
     assert not answer.startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.hardening("around 7: the token leaked through argv and --help")
+def test_a_token_file_guards_ingest_and_never_reaches_the_log(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("file-s3cret\n")
+    with Server(tmp_path / "data", "--token-file", str(tmp_path / "token")) as server:
+        assert error(server.ingest(line()))[0] == 401
+        assert server.ingest(line(), {"Authorization": "Bearer file-s3cret"}).status == 200
+    assert "file-s3cret" not in server.log() and "bearer token from the file" in server.log()
+
+
+def test_a_token_on_the_command_line_is_warned_about(tmp_path: Path) -> None:
+    with Server(tmp_path / "data", "--token", "argv-s3cret") as server:
+        assert server.ingest(line(), {"Authorization": "Bearer argv-s3cret"}).status == 200
+    assert "sees it in ps" in server.log() and "argv-s3cret" not in server.log()

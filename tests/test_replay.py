@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import gzip
+import json
 import re
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT, SAMPLE_DAY, Server, free_port, rows_of, sample_csv
-from tiny.replay import Options, Summary, batches, replay, retry_after
+from tiny.replay import Options, Summary, numbered_batches, replay, retry_after
 
 
 def _url(server: Server) -> str:
@@ -111,11 +112,16 @@ def test_connection_errors_are_retried_a_bounded_number_of_times(tmp_path: Path)
 
 
 def test_batches_and_retry_after() -> None:
-    assert [count for count, _ in batches([b"a\n"] * 5, 2)] == [2, 2, 1]
+    numbered = [(n, b"a\n") for n in range(2, 7)]
+    assert [(b.first_line, b.last_line, b.records) for b in numbered_batches(numbered, 2)] == [
+        (2, 3, 2),
+        (4, 5, 2),
+        (6, 6, 1),
+    ]
     assert retry_after("3") == 3 and retry_after(None) == 1 and retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 1
     assert retry_after("100000") == 60 and retry_after("-5") == 0
     with pytest.raises(ValueError):
-        next(batches([], 0))
+        next(numbered_batches([], 0))
 
 
 def test_gzip_file_and_plain_file_give_the_same_batches(tmp_path: Path) -> None:
@@ -125,3 +131,105 @@ def test_gzip_file_and_plain_file_give_the_same_batches(tmp_path: Path) -> None:
     from tiny.cranlog import ndjson_lines
 
     assert list(ndjson_lines(plain)) == list(ndjson_lines(packed))
+
+
+class _Hostile:
+    """A real HTTP server on 127.0.0.1 whose answers to POST /ingest come from a script:
+    ``(status, headers, body)`` per request, the last one repeated."""
+
+    def __init__(self, script: list[tuple[int, dict[str, str], bytes]]) -> None:
+        import http.server
+
+        answers = list(script)
+        self.requests = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.requests += 1
+                status, headers, body = answers.pop(0) if len(answers) > 1 else answers[0]
+                self.send_response(status)
+                for name, value in {"Content-Length": str(len(body)), **headers}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/ingest"
+
+    def __enter__(self) -> _Hostile:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _answer(valid: int, invalid: int = 0) -> bytes:
+    return json.dumps({"result": {"status": "ok", "stats": {"records": {"valid": valid, "invalid": invalid}}}}).encode()
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "tiny.replay", *args, "--no-progress"]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.hardening("around 4: the replay client reported success when rows were not stored")
+@pytest.mark.parametrize("concurrency", ["1", "3"])
+def test_a_200_that_is_no_ingest_answer_fails_its_batch_and_the_run(tmp_path: Path, concurrency: str) -> None:
+    """An HTML page with 200 (a proxy's, say) stored nothing: counted as failed, exit 1, no hang."""
+    source = _small_day(tmp_path / "small.csv", 4)
+    html = (200, {"Content-Type": "text/html"}, b"<html>maintenance</html>")
+    with _Hostile([html]) as hostile:
+        done = _run_cli(str(source), "--url", hostile.url, "--batch", "2", "--concurrency", concurrency)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "0 acknowledged, 2 failed (4 records not stored)" in done.stdout
+    assert "HTTP 200 without an ingest answer" in done.stdout
+
+
+@pytest.mark.hardening("around 4: the replay client reported success when rows were not stored")
+def test_a_200_counting_other_records_than_sent_is_no_acknowledgement(tmp_path: Path) -> None:
+    source = _small_day(tmp_path / "small.csv", 2)
+    with _Hostile([(200, {}, _answer(1))]) as hostile:
+        summary = replay(Options(source, hostile.url, batch=2, concurrency=1, retries=0))
+    assert (summary.failures, summary.batches, summary.records) == (1, 0, 0)
+
+
+@pytest.mark.hardening("around 4: the replay client reported success when rows were not stored")
+@pytest.mark.parametrize("after", ["nan", "inf", "-inf", "1e999", "soon"])
+def test_a_retry_after_that_is_no_number_of_seconds_is_waited_as_one(tmp_path: Path, after: str) -> None:
+    source = _small_day(tmp_path / "small.csv", 2)
+    script = [(503, {"Retry-After": after}, b"{}"), (200, {}, _answer(2))]
+    with _Hostile(script) as hostile:
+        started = time.monotonic()
+        summary = replay(Options(source, hostile.url, batch=2, concurrency=1))
+    assert (summary.failures, summary.batches, summary.records, summary.retries_503) == (0, 1, 2, 1)
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.hardening("around 4: the replay client reported success when rows were not stored")
+def test_a_malformed_row_stops_the_run_at_its_line_and_says_how_to_resume(tmp_path: Path) -> None:
+    rows = sample_csv().splitlines(keepends=True)[:9]
+    source = tmp_path / "broken.csv"
+    source.write_bytes(b"".join(rows[:4]) + b'"2014-05-04","oops\n' + b"".join(rows[4:]))  # line 5 is no row
+    with Server(tmp_path / "data") as server:
+        stopped = _run_cli(str(source), "--url", _url(server), "--batch", "2", "--concurrency", "1")
+        resumed = _run_cli(
+            str(source), "--url", _url(server), "--batch", "2", "--concurrency", "1", "--start-line", "6"
+        )
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert "line 5: not a CRAN log row" in stopped.stdout and "resume with --start-line 5" in stopped.stdout
+    assert "records sent   3 " in stopped.stdout  # lines 2-4: the batch before the row went out whole
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert (tmp_path / "data" / "2014-05-04.csv").read_bytes() == b"".join(rows)

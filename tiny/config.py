@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ class Config:
     durability: str = "write"
     max_body: int = 64 * 1024**2
     token: str | None = None
+    token_file: Path | None = None
     max_backlog: int = 256 * 1024**2
     idle_timeout: float = 60.0
     body_timeout: float = 60.0
@@ -40,6 +42,8 @@ class Config:
     analytics_threads: int = 1
     analytics_nice: str = "idle"
     analytics_max_queued: int = 32
+    analytics_cache_bytes: int = 64 * 1024**2
+    token_source: str = ""  # where the token came from: "file", "environment" or "command line"
 
     def worker_count(self) -> int:
         """The number of worker processes: ``processes``, or one per usable core when 0."""
@@ -125,7 +129,13 @@ _FLAGS: list[tuple[str, object, str]] = [
     ("data_dir", Path, "directory of the daily CSV files and rejects/"),
     ("durability", str, "acknowledge after write(2) ('write') or after fsync ('fsync')"),
     ("max_body", _positive_size, "largest request body, compressed and decompressed (bytes, or 64MiB)"),
-    ("token", str, "require 'Authorization: Bearer TOKEN' on every API request; unset = no auth"),
+    (
+        "token",
+        str,
+        "require 'Authorization: Bearer TOKEN' on every API request; unset = no auth. "
+        "On the command line it shows in ps: prefer --token-file or TINY_TOKEN",
+    ),
+    ("token_file", Path, "a file whose content is the token (a Docker secret's path works)"),
     ("max_backlog", _positive_size, "unwritten bytes per process before /ingest answers 503"),
     ("idle_timeout", _seconds, "seconds a connection may idle or take to send its headers"),
     ("body_timeout", _seconds, "seconds a client may take to send a request body"),
@@ -137,6 +147,7 @@ _FLAGS: list[tuple[str, object, str]] = [
     ("analytics_threads", _positive_int, "polars threads in each analytics pool process"),
     ("analytics_nice", _niceness, "CPU priority of the analytics pool: 'idle' (SCHED_IDLE) or a nice value 0-19"),
     ("analytics_max_queued", _positive_int, "distinct analytics computations queued per worker before 503"),
+    ("analytics_cache_bytes", _positive_size, "analytics results cached per worker, in bytes (or 64MiB)"),
 ]
 
 
@@ -153,6 +164,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         env_name = ENV_PREFIX + name.upper()
         default = environ.get(env_name, getattr(defaults, name))
         shown = "unset" if default is None else default
+        if name == "token" and default is not None:
+            shown = "set, not shown"  # --help must never print a secret
         parser.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
@@ -179,4 +192,24 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         parser.error(f"argument --durability: must be one of {', '.join(DURABILITIES)}")
     if values["token"] == "":
         values["token"] = None
+    argv = sys.argv[1:] if argv is None else argv
+    on_command_line = any(arg == "--token" or arg.startswith("--token=") for arg in argv)
+    values["token"], values["token_source"] = _token(parser, args, on_command_line)
     return Config(**values)
+
+
+def _token(parser: argparse.ArgumentParser, args: argparse.Namespace, on_command_line: bool) -> tuple[str | None, str]:
+    """The token and where it came from: --token-file (read now), --token, or TINY_TOKEN."""
+    if args.token_file is not None:
+        if args.token:
+            parser.error("argument --token-file: give the token once, by --token-file or by --token / TINY_TOKEN")
+        try:
+            token = args.token_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            parser.error(f"argument --token-file: cannot read {args.token_file}: {exc}")
+        if not token:
+            parser.error(f"argument --token-file: {args.token_file} is empty")
+        return token, "file"
+    if not args.token:
+        return None, ""
+    return args.token, "command line" if on_command_line else "environment"

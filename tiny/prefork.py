@@ -137,12 +137,17 @@ def serve(config: Config) -> int:
         except AddressInUse as exc:
             log.error("cannot listen: %s", exc.strerror)
             return 1
+        if config.token_source == "command line":
+            log.warning(
+                "the token was given with --token: every user of this machine sees it in ps; "
+                "prefer --token-file or TINY_TOKEN"
+            )
         from tiny import codec
 
         host, port = sockets[0].getsockname()[:2]
         log.info(
             "tiny %s listening on http://%s:%d with %d worker process(es), codec %s, data dir %s, durability %s, "
-            "at most %d connections per worker (RLIMIT_NOFILE %d)",
+            "at most %d connections per worker (RLIMIT_NOFILE %d), %s",
             __version__,
             host,
             port,
@@ -152,6 +157,7 @@ def serve(config: Config) -> int:
             config.durability,
             config.max_connections,
             nofile,
+            f"bearer token from the {config.token_source}" if config.token else "no token",
         )
         if count == 1:  # no fork: kernprof and debuggers see the work in this process
             from tiny.worker import run_worker

@@ -12,6 +12,10 @@ in file order. With ``--concurrency 1`` every batch goes strictly after the prev
 day replayed into an empty data dir reproduces the public file byte for byte; with more
 workers the batches of different workers may land in any order (each batch stays whole).
 
+Every batch ends as stored (a 200 with the server's answer, whose counts match the batch) or
+as failed (counted, with its error): whatever the server or the network does, the summary
+never reports a lost batch as stored, and the exit status says so.
+
 Retries: a ``503`` (the server's backlog is full, the disk refused the write, or it is
 draining: nothing of that batch was kept) is sent again after its ``Retry-After`` seconds.
 A connection that cannot be made or is lost is retried with exponential backoff; if it was
@@ -21,9 +25,14 @@ instead). At most ``--retries`` retries per batch; any other status fails the ba
 
 A progress line (records sent, records/s) goes to stderr when it is a terminal (or with
 ``--progress``); the summary (records sent, valid, invalid, batches, retries, failures,
-seconds, records/s) goes to stdout, as JSON with ``--json``. Exit status: 0 when every batch
-was acknowledged, 1 when any batch finally failed, 2 for bad usage or an unreadable or
-malformed input file, 130 on Ctrl-C.
+seconds, records/s) goes to stdout, as JSON with ``--json``.
+
+A malformed CSV row stops the run: the batches before it are still sent, and the summary
+names the row's line number and the ``--start-line`` that resumes after fixing it.
+``--start-line N`` skips the file's lines before line N (line 1 is the header).
+
+Exit status: 0 when every batch was acknowledged, 1 when any batch finally failed or a
+malformed row stopped the run, 2 for bad usage or an unreadable input file, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import http.client
-import itertools
+import math
 import queue
 import sys
 import threading
@@ -39,12 +48,12 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 from urllib.parse import urlsplit
 
 import orjson
 
-from tiny.cranlog import ndjson_lines
+from tiny.cranlog import open_log, parse_row
 
 _MAX_RETRY_AFTER = 60.0  # seconds; a longer Retry-After is capped
 _BACKOFF_START = 0.1
@@ -65,6 +74,7 @@ class Options:
     retries: int = 8
     timeout: float = 60.0
     resend_unanswered: bool = True
+    start_line: int = 2  # the first line of the file to send (line 1 is the header)
 
 
 @dataclass
@@ -82,6 +92,7 @@ class Summary:
     failed_records: int = 0
     seconds: float = 0.0
     interrupted: bool = False
+    stopped_at_line: int | None = None  # a malformed row stopped the run here
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -100,13 +111,66 @@ class _Unanswered(Exception):
     """The connection broke after the request was (perhaps) sent."""
 
 
-def batches(lines: Iterable[bytes], size: int) -> Iterator[tuple[int, bytes]]:
-    """``(record count, body)`` of consecutive ``size``-record batches."""
+class MalformedRow(ValueError):
+    """A row of the input file that is not a CRAN log row; ``line`` is its line number."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line = line
+
+
+def file_lines(path: Path, start_line: int = 2) -> Iterator[tuple[int, bytes]]:
+    """``(line number, NDJSON line)`` of each record of a CRAN log file from ``start_line`` on
+    (line 1 is the header); MalformedRow, raised when it is reached, for a row that is not one."""
+    number = 0
+    with open_log(path) as handle:
+        try:
+            for number, text in enumerate(handle, 1):
+                if number < max(start_line, 2):
+                    continue
+                try:
+                    record = parse_row(text.rstrip("\n"))
+                except ValueError as exc:
+                    raise MalformedRow(number, f"not a CRAN log row ({exc})") from None
+                yield number, orjson.dumps(record) + b"\n"
+        except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as exc:  # while reading line number + 1
+            raise MalformedRow(number + 1, f"unreadable: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One request's records: the file lines it holds (first and last), their count, its body."""
+
+    first_line: int
+    last_line: int
+    records: int
+    body: bytes
+
+
+def numbered_batches(lines: Iterable[tuple[int, bytes]], size: int) -> Iterator[Batch]:
+    """Consecutive ``size``-record batches of numbered lines (see :func:`file_lines`). When the
+    lines end in MalformedRow, the records before it still make a last batch, then it is raised."""
     if size < 1:
         raise ValueError("batch size must be at least 1")
     it = iter(lines)
-    while chunk := list(itertools.islice(it, size)):
-        yield len(chunk), b"".join(chunk)
+    while True:
+        chunk: list[tuple[int, bytes]] = []
+        try:
+            for item in it:
+                chunk.append(item)
+                if len(chunk) == size:
+                    break
+        except MalformedRow:
+            if chunk:
+                yield _batch(chunk)
+            raise
+        if not chunk:
+            return
+        yield _batch(chunk)
+
+
+def _batch(chunk: list[tuple[int, bytes]]) -> Batch:
+    return Batch(chunk[0][0], chunk[-1][0], len(chunk), b"".join(line for _, line in chunk))
 
 
 def retry_after(value: str | None, default: float = 1.0) -> float:
@@ -114,6 +178,8 @@ def retry_after(value: str | None, default: float = 1.0) -> float:
     try:
         seconds = float(value) if value is not None else default
     except ValueError:
+        seconds = default
+    if not math.isfinite(seconds):  # "nan", "inf": junk too
         seconds = default
     return min(max(seconds, 0.0), _MAX_RETRY_AFTER)
 
@@ -171,8 +237,9 @@ class Poster:
             self.close()
         return response.status, response.getheader("Retry-After"), data
 
-    def post(self, body: bytes) -> Any:
-        """Post one batch until it is acknowledged; the server's answer, or BatchFailed."""
+    def post(self, body: bytes, records: int) -> tuple[int, int]:
+        """Post one batch until it is acknowledged: (valid, invalid) from the server's answer,
+        which must count ``records`` lines; BatchFailed otherwise."""
         attempt = 0
         backoff = _BACKOFF_START
         while True:
@@ -189,7 +256,7 @@ class Poster:
                 backoff = min(backoff * 2, _BACKOFF_MAX)
             else:
                 if status == 200:
-                    return orjson.loads(data)
+                    return _record_counts(data, records)
                 if status != 503 or attempt >= self.options.retries:
                     raise BatchFailed(f"HTTP {status}: {data[:300].decode('utf-8', 'replace').strip()}")
                 self._count(retries=1, retries_503=1)
@@ -202,13 +269,17 @@ class Poster:
                 setattr(self.summary, name, getattr(self.summary, name) + value)
 
 
-def _record_counts(answer: Any) -> tuple[int, int]:
-    """(valid, invalid) from a 200 answer; (0, 0) if it has another shape (not tiny?)."""
+def _record_counts(data: bytes, records: int) -> tuple[int, int]:
+    """(valid, invalid) from a 200's body; BatchFailed unless it is a Tiny Data Server answer
+    that counts exactly the ``records`` lines sent (an HTML page from a proxy is no ack)."""
     try:
-        records = answer["result"]["stats"]["records"]
-        return int(records["valid"]), int(records["invalid"])
-    except (KeyError, TypeError, ValueError):
-        return 0, 0
+        counts = orjson.loads(data)["result"]["stats"]["records"]
+        valid, invalid = counts["valid"], counts["invalid"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise BatchFailed(f"HTTP 200 without an ingest answer: {data[:120]!r}") from None
+    if type(valid) is not int or type(invalid) is not int or valid + invalid != records:
+        raise BatchFailed(f"HTTP 200 counting {valid!r} + {invalid!r} records of the {records} sent")
+    return valid, invalid
 
 
 class Progress:
@@ -236,42 +307,51 @@ class Progress:
         self.stream.flush()
 
 
-def replay(options: Options, progress: IO[str] | None = None, lines: Iterable[bytes] | None = None) -> Summary:
-    """Post every record of ``options.path`` (or ``lines``, NDJSON) to the server; the summary.
+def replay(options: Options, progress: IO[str] | None = None) -> Summary:
+    """Post every record of ``options.path`` to the server; the summary.
 
-    Raises ValueError for bad options. Ctrl-C (KeyboardInterrupt) while reading stops the
-    workers after their current batch and returns the summary so far with ``interrupted``
-    set (a second Ctrl-C propagates).
+    Every batch taken from the file ends in the summary as acknowledged or failed, whatever
+    happens to the thread posting it. A malformed row stops the reading (the batches before it
+    are still posted) and sets ``stopped_at_line``. Raises ValueError for bad options, OSError
+    for an unreadable file. Ctrl-C (KeyboardInterrupt) while reading stops the workers after
+    their current batch and returns the summary so far with ``interrupted`` set (a second
+    Ctrl-C propagates).
     """
     if options.concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     summary = Summary()
     lock = threading.Lock()
     bar = Progress(progress)
-    source = batches(lines if lines is not None else ndjson_lines(options.path), options.batch)
-    work: queue.Queue[tuple[int, bytes] | None] = queue.Queue(maxsize=2 * options.concurrency)
+    source = numbered_batches(file_lines(options.path, options.start_line), options.batch)
+    work: queue.Queue[Batch | None] = queue.Queue(maxsize=2 * options.concurrency)
     stop = threading.Event()
     posters = [Poster(options, summary, lock) for _ in range(options.concurrency)]
     started = time.monotonic()
 
+    def fail(batch: Batch, error: str) -> None:
+        with lock:
+            summary.failures += 1
+            summary.failed_records += batch.records
+            if len(summary.errors) < 10:
+                summary.errors.append(f"lines {batch.first_line}-{batch.last_line}: {error}")
+            bar.show(summary)
+
     def worker(poster: Poster) -> None:
-        while (item := work.get()) is not None:
+        while (batch := work.get()) is not None:
             if stop.is_set():
-                continue  # drain the queue so the producer never blocks
-            count, body = item
+                fail(batch, "not sent: interrupted")
+                continue
             try:
-                answer = poster.post(gzip.compress(body, 5) if options.gzip else body)
+                valid, invalid = poster.post(
+                    gzip.compress(batch.body, 5) if options.gzip else batch.body, batch.records
+                )
             except BatchFailed as exc:
-                with lock:
-                    summary.failures += 1
-                    summary.failed_records += count
-                    if len(summary.errors) < 10:
-                        summary.errors.append(str(exc))
-                    bar.show(summary)
+                fail(batch, str(exc))
+            except Exception as exc:  # a batch never vanishes with its thread: it is a failure
+                fail(batch, f"{type(exc).__name__}: {exc}")
             else:
-                valid, invalid = _record_counts(answer)
                 with lock:
-                    summary.records += count
+                    summary.records += batch.records
                     summary.batches += 1
                     summary.valid += valid
                     summary.invalid += invalid
@@ -284,8 +364,11 @@ def replay(options: Options, progress: IO[str] | None = None, lines: Iterable[by
     for thread in threads:
         thread.start()
     try:
-        for item in source:
-            work.put(item)
+        for batch in source:
+            work.put(batch)
+    except MalformedRow as exc:
+        summary.stopped_at_line = exc.line
+        summary.errors.append(f"{exc}; fix it, then resume with --start-line {exc.line}")
     except KeyboardInterrupt:
         stop.set()
         summary.interrupted = True
@@ -314,6 +397,8 @@ def format_summary(summary: Summary) -> str:
         f"time           {summary.seconds:.2f} s, {summary.records_per_s:,.0f} records/s",
     ]
     lines += [f"error          {error}" for error in summary.errors]
+    if summary.stopped_at_line is not None:
+        lines.append(f"stopped        at line {summary.stopped_at_line}, a malformed row: nothing from it on was sent")
     if summary.interrupted:
         lines.append("interrupted    by Ctrl-C: the rest of the file was not sent")
     return "\n".join(lines)
@@ -331,7 +416,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, argparse.Nam
         default=Options.concurrency,
         help="connections posting at once (default %(default)s; 1 keeps the file order)",
     )
-    parser.add_argument("--token", help="bearer token (the server's --token)")
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument("--token", help="bearer token (the server's --token); visible in ps: prefer --token-file")
+    token.add_argument("--token-file", type=Path, help="a file holding the bearer token")
+    parser.add_argument(
+        "--start-line",
+        type=int,
+        default=Options.start_line,
+        help="the first line of the file to send (line 1 is the header; default %(default)s)",
+    )
     parser.add_argument("--gzip", action="store_true", help="send gzip-compressed bodies")
     parser.add_argument("--retries", type=int, default=Options.retries, help="per batch (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=Options.timeout, help="socket timeout, seconds")
@@ -349,6 +442,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, argparse.Nam
         parser.error("--batch and --concurrency must be at least 1, --retries at least 0")
     if not args.file.exists():
         parser.error(f"no such file: {args.file}")
+    if args.start_line < 2:
+        parser.error("--start-line must be at least 2 (line 1 is the header)")
+    if args.token_file is not None:
+        try:
+            args.token = args.token_file.read_text().strip()
+        except OSError as exc:
+            parser.error(f"--token-file: {exc}")
     options = Options(
         args.file,
         args.url,
@@ -359,6 +459,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, argparse.Nam
         args.retries,
         args.timeout,
         not args.no_resend,
+        args.start_line,
     )
     return options, args
 
@@ -371,13 +472,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError) as exc:  # a malformed or unreadable input file
+    except (ValueError, OSError) as exc:  # an unreadable input file
         print(f"\nerror: {exc}", file=sys.stderr)
         return 2
     print(orjson.dumps(summary.as_dict()).decode() if args.json else format_summary(summary))
     if summary.interrupted:
         return 130
-    return 1 if summary.failures else 0
+    return 1 if summary.failures or summary.stopped_at_line is not None else 0
 
 
 if __name__ == "__main__":

@@ -68,15 +68,37 @@ def free_port_block(count: int) -> int:
     raise RuntimeError(f"no free block of {count} ports")
 
 
-def compose_command() -> list[str] | None:
-    """``docker compose`` (v2) when it works, else ``docker-compose`` (v1), else None."""
-    try:
-        done = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+COMPOSE_V2_CONFIG = ROOT / "build" / "docker-config"  # `make compose-v2` puts the v2 plugin here
+
+
+def compose_variants() -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Every docker compose that works here, v2 first: name -> (command, environment to add).
+
+    v2 is ``docker compose`` as installed, or the plugin `make compose-v2` put under
+    build/docker-config (for tests only: see mk/scaleout.mk); v1 is ``docker-compose``.
+    """
+    found: dict[str, tuple[list[str], dict[str, str]]] = {}
+    for env in ({}, {"DOCKER_CONFIG": str(COMPOSE_V2_CONFIG)}):
+        try:
+            done = subprocess.run(
+                ["docker", "compose", "version"], capture_output=True, timeout=30, env={**os.environ, **env}
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            break
         if done.returncode == 0:
-            return ["docker", "compose"]
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return ["docker-compose"] if shutil.which("docker-compose") else None
+            found["v2"] = (["docker", "compose"], env)
+            break
+    if shutil.which("docker-compose"):
+        found["v1"] = (["docker-compose"], {})
+    return found
+
+
+def compose_command() -> list[str] | None:
+    """``docker compose`` (v2) when it works as installed, else ``docker-compose`` (v1), else None."""
+    for command, env in compose_variants().values():
+        if not env:
+            return command
+    return None
 
 
 def docker_unavailable() -> str | None:

@@ -32,6 +32,10 @@ def _figure(width: float, height: float) -> Figure:
     matplotlib.rcParams.update(
         {
             "svg.fonttype": "none",  # text stays text: small files, selectable, searchable
+            # Labels are data (package names, countries): never TeX or mathtext. With math
+            # on, one package named "$\\bar$" made every chart of its day fail.
+            "text.parse_math": False,
+            "text.usetex": False,
             "svg.hashsalt": "tiny",  # deterministic element ids
             "font.size": 10,
             "axes.edgecolor": "#999999",
@@ -53,8 +57,13 @@ def _svg(figure: Figure) -> bytes:
     return out.getvalue()
 
 
+def _short(text: str, limit: int = 40) -> str:
+    """``text`` cut to ``limit`` characters (with an ellipsis): labels must fit beside a chart."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
 def _label(whale: dict[str, Any]) -> str:
-    return f"{whale['name']} ({whale['country'] or '??'})"
+    return f"{whale['name']} ({_short(whale['country'] or '??', 12)})"
 
 
 def _hour_axis(axes: Axes) -> None:
@@ -171,7 +180,7 @@ def render_detail(date: str, frame: pl.DataFrame, ip_id: int) -> bytes | None:
     # rasterized: thousands of points stay one embedded image instead of an element each
     points = axes.scatter(x, y, s=40, marker="|", color=_WHALE_COLOR, alpha=0.7, linewidths=1.2, rasterized=True)
     points.set_gid("detail-points")
-    axes.set_yticks(range(len(order)), order, fontsize=8)
+    axes.set_yticks(range(len(order)), [_short(package) for package in order], fontsize=8)
     axes.set_ylim(-0.7, len(order) - 0.3)
     _time_axis(axes, min(x), max(x))
     axes.set_xlabel("time of day (UTC)")

@@ -19,6 +19,7 @@ pure-Python reader (see BENCHMARKS.md).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -26,6 +27,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from tiny.analytics.names import whale_name
 from tiny.layout import COLUMNS
@@ -47,6 +50,15 @@ _USED_COLUMNS = ("time", "size", "package", "version", "country", "ip_id")
 _frames: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
 _aggregates: OrderedDict[tuple[str, int, int], dict[str, Any]] = OrderedDict()
 _counted: dict[str, tuple[int, int, bytes]] = {}  # path -> (bytes counted, LFs in them, their last _TAIL bytes)
+
+
+def dumps(value: Any) -> bytes:
+    """An answer as JSON bytes: orjson, or the stdlib's json when an integer is past orjson's
+    64-bit range (byte totals can be: sums are exact, 128-bit in polars)."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
@@ -201,7 +213,7 @@ def aggregate_frame(frame: pl.DataFrame, date: str) -> dict[str, Any]:
     """
     import polars as pl
 
-    per_ip = frame.group_by("ip_id").agg(downloads=pl.len(), bytes=pl.col("size").sum())
+    per_ip = frame.group_by("ip_id").agg(downloads=pl.len(), bytes=_total("size"))
     top = per_ip.sort(["downloads", "ip_id"], descending=[True, False]).head(MAX_TOP)
     ids = top["ip_id"].to_list()
     mine = frame.filter(pl.col("ip_id").is_in(ids))
@@ -235,11 +247,18 @@ def aggregate_frame(frame: pl.DataFrame, date: str) -> dict[str, Any]:
     ]
     return {
         "downloads": frame.height,
-        "bytes": int(frame["size"].sum() or 0),
+        "bytes": int(frame.select(_total("size")).item() or 0),
         "downloaders": frame["ip_id"].n_unique(),
         "hourly": hourly_all,
         "whales": whales,
     }
+
+
+def _total(column: str) -> pl.Expr:
+    """The exact sum of a UInt64 column: 128-bit, where a 64-bit sum wraps (2 x (2^64-1) = 2^64-2)."""
+    import polars as pl
+
+    return pl.col(column).cast(pl.Int128).sum()
 
 
 def whale_downloads(frame: pl.DataFrame, date: str, ip_id: int, limit: int) -> dict[str, Any] | None:
@@ -257,7 +276,7 @@ def whale_downloads(frame: pl.DataFrame, date: str, ip_id: int, limit: int) -> d
         "name": whale_name(date, ip_id),
         "country": countries["country"][0] if countries.height else None,
         "total": mine.height,
-        "bytes": int(mine["size"].sum() or 0),
+        "bytes": int(mine.select(_total("size")).item() or 0),
         "packages": mine["package"].n_unique(),
         "limit": limit,
         "truncated": mine.height > limit,
@@ -286,6 +305,8 @@ def aggregate_job(day: DayFile) -> dict[str, Any]:
     return day_aggregate(day)
 
 
-def downloads_job(day: DayFile, ip_id: int, limit: int) -> dict[str, Any] | None:
-    """Pool job: one ip_id's downloads (see :func:`whale_downloads`); None if it has none."""
-    return whale_downloads(frame_of(day), day.date, ip_id, limit)
+def downloads_job(day: DayFile, ip_id: int, limit: int) -> bytes | None:
+    """Pool job: one ip_id's downloads (see :func:`whale_downloads`) as JSON bytes, None if it has
+    none. Serialised here: an answer of 100,000 downloads is megabytes the worker only sends."""
+    result = whale_downloads(frame_of(day), day.date, ip_id, limit)
+    return None if result is None else dumps(result)

@@ -12,14 +12,20 @@ computations wait: past that a query is refused (:class:`Busy`, a 503) rather th
 without bound. :meth:`Analytics.close` stops the pool.
 
 Caching. A day file only grows (the sink appends; a failed flush may cut it back), so
-``(path, size, mtime_ns)`` names one version of it. The worker keeps an LRU of the last
-``_CACHE_DAYS`` day files, each with the results computed for its current version; a new
-version drops them. Concurrent identical queries share one computation.
+``(path, size, mtime_ns)`` names one version of it. The worker keeps the results computed for
+the current version of each file in one LRU bounded in bytes (``--analytics-cache-bytes``;
+a result is counted by the size of its JSON or SVG); a new version replaces them. Big answers
+(one whale's downloads, charts) come from the pool already serialised, so the worker only
+sends bytes. Concurrent identical queries share one computation.
+
+Listing the days (``/api/days``) is paginated; the names come from one directory scan on a
+thread, kept until the directory changes, and only the page's files are stat'ed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import logging
 import multiprocessing
@@ -27,6 +33,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +44,8 @@ from tiny.config import Config
 
 log = logging.getLogger("tiny.analytics")
 
-_CACHE_DAYS = 4  # day files whose results a worker keeps
-_CACHE_RESULTS = 64  # results kept per day file (charts and downloads per N / ip_id)
+DEFAULT_DAYS_PAGE = 100
+MAX_DAYS_PAGE = 1000
 _STOP_SECONDS = 2.0  # how long close() waits for the pool processes to exit
 _MISSING = object()
 
@@ -65,30 +72,71 @@ def stat_day(data_dir: Path, date: str) -> DayFile:
     return DayFile(date, str(path), st.st_size, st.st_mtime_ns)
 
 
-def list_days(data_dir: Path) -> list[DayFile]:
-    """Every day file in ``data_dir``, oldest date first."""
-    days = []
+def day_names(data_dir: Path) -> list[str]:
+    """The dates of every day file in ``data_dir``, oldest first (one directory scan)."""
     try:
-        entries = list(os.scandir(data_dir))
+        with os.scandir(data_dir) as entries:
+            return sorted(date for entry in entries if (date := layout.day_of(entry.name)))
     except FileNotFoundError:
         return []
-    for entry in entries:
-        date = layout.day_of(entry.name)
-        if date and entry.is_file():
-            try:
-                st = entry.stat()
-            except FileNotFoundError:
-                continue
-            days.append(DayFile(date, entry.path, st.st_size, st.st_mtime_ns))
-    return sorted(days, key=lambda day: day.date)
 
 
-class _DayResults:
-    """The results computed for one version of one day file, least recently used first."""
+def stat_days(data_dir: Path, dates: list[str]) -> list[DayFile]:
+    """The current version of each of ``dates``' day files (those still there)."""
+    days = []
+    for date in dates:
+        try:
+            days.append(stat_day(data_dir, date))
+        except DayNotFound:
+            continue
+    return days
 
-    def __init__(self, version: tuple[int, int]) -> None:
-        self.version = version
-        self.results: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+
+@dataclass(frozen=True)
+class DaysPage:
+    """One page of ``/api/days``: its days with their row counts, and the cursor of the next."""
+
+    days: list[dict[str, Any]]
+    next: str | None
+
+
+class _Cache:
+    """Results per (day file, query), for the file's current version, LRU, at most ``limit`` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._entries: OrderedDict[tuple[str, tuple[Any, ...]], tuple[tuple[int, int], Any, int]] = OrderedDict()
+
+    def get(self, day: DayFile, query: tuple[Any, ...]) -> Any:
+        key = (day.path, query)
+        entry = self._entries.get(key)
+        if entry is None or entry[0] != day.version:
+            return _MISSING
+        self._entries.move_to_end(key)
+        return entry[1]
+
+    def put(self, day: DayFile, query: tuple[Any, ...], result: Any, size: int) -> None:
+        key = (day.path, query)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old[2]
+        if size > self.limit:
+            return  # bigger than the whole cache: computed again when asked again
+        self._entries[key] = (day.version, result, size)
+        self.bytes += size
+        while self.bytes > self.limit:
+            _, (_, _, dropped) = self._entries.popitem(last=False)
+            self.bytes -= dropped
+
+
+def _size(result: Any) -> int:
+    """What a cached result weighs: its bytes, or its JSON's (a row count: a few bytes)."""
+    if isinstance(result, bytes):
+        return len(result) + 64
+    if isinstance(result, int) or result is None:
+        return 64
+    return len(compute.dumps(result)) * 4  # Python objects weigh about 4x their JSON
 
 
 class Analytics:
@@ -101,7 +149,14 @@ class Analytics:
     """
 
     def __init__(
-        self, data_dir: Path, *, processes: int = 1, threads: int = 1, nice: str = "idle", max_queued: int = 32
+        self,
+        data_dir: Path,
+        *,
+        processes: int = 1,
+        threads: int = 1,
+        nice: str = "idle",
+        max_queued: int = 32,
+        cache_bytes: int = 64 * 1024**2,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.processes = processes
@@ -110,8 +165,9 @@ class Analytics:
         self.max_queued = max_queued
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._closed = False
-        self._cache: OrderedDict[str, _DayResults] = OrderedDict()
+        self._cache = _Cache(cache_bytes)
         self._pending: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
+        self._names: tuple[int, list[str]] = (-1, [])  # (data dir mtime_ns, its day files' dates)
 
     @classmethod
     def from_config(cls, config: Config) -> Analytics:
@@ -122,27 +178,44 @@ class Analytics:
             threads=config.analytics_threads,
             nice=config.analytics_nice,
             max_queued=config.analytics_max_queued,
+            cache_bytes=config.analytics_cache_bytes,
         )
 
-    async def days(self) -> list[dict[str, Any]]:
-        """``[{"date", "rows", "bytes"}, ...]`` for every day file, oldest first.
+    async def days(self, after: str = "", limit: int = DEFAULT_DAYS_PAGE) -> DaysPage:
+        """The day files dated after ``after`` (all when empty), oldest first, ``limit`` of them:
+        ``{"date", "rows", "bytes"}`` each, and the date to ask ``after`` for the next page.
 
-        Rows known for a file's current version come from the cache; the others are counted
-        in one pool job (however many days there are).
+        The directory is scanned on a thread, and again only when its mtime changed; rows known
+        for a file's current version come from the cache, the others are counted in one pool
+        job (however many days the page holds).
         """
-        days = list_days(self.data_dir)
+        loop = asyncio.get_running_loop()
+        names = await self._day_names(loop)
+        start = bisect.bisect_right(names, after) if after else 0
+        page = names[start : start + limit]
+        days = await loop.run_in_executor(None, stat_days, self.data_dir, page)
         rows = {day.path: self._known_rows(day) for day in days}
         missing = tuple(day for day in days if rows[day.path] is None)
         if missing:
 
             def store(counts: list[int]) -> None:
                 for day, count in zip(missing, counts, strict=True):
-                    self._store(day, ("rows",), count)
+                    self._cache.put(day, ("rows",), count, _size(count))
 
             key = ("rows", tuple((day.path, day.version) for day in missing))
             counts = await self._run(key, store, compute.count_rows_job, missing)
             rows.update((day.path, count) for day, count in zip(missing, counts, strict=True))
-        return [{"date": day.date, "rows": rows[day.path], "bytes": day.size} for day in days]
+        listed = [{"date": day.date, "rows": rows[day.path], "bytes": day.size} for day in days]
+        return DaysPage(listed, page[-1] if start + limit < len(names) else None)
+
+    async def _day_names(self, loop: asyncio.AbstractEventLoop) -> list[str]:
+        try:
+            changed = os.stat(self.data_dir).st_mtime_ns  # an added or removed file changes it
+        except FileNotFoundError:
+            return []
+        if changed != self._names[0]:
+            self._names = (changed, await loop.run_in_executor(None, day_names, self.data_dir))
+        return self._names[1]
 
     async def summary(self, date: str, top: int) -> dict[str, Any]:
         """Totals, distinct downloaders, and downloads per hour of all traffic vs the top N whales."""
@@ -173,13 +246,14 @@ class Analytics:
         fields = ("ip_id", "name", "country", "downloads", "hourly")
         return {"date": date, "top": top, "whales": [{k: w[k] for k in fields} for w in aggregate["whales"][:top]]}
 
-    async def downloads(self, date: str, ip_id: int, limit: int) -> dict[str, Any]:
-        """One ip_id's downloads of the day in time order (the first ``limit``); WhaleNotFound if none."""
+    async def downloads(self, date: str, ip_id: int, limit: int) -> bytes:
+        """One ip_id's downloads of the day in time order (the first ``limit``), as the JSON
+        answer (serialised in the pool); WhaleNotFound if none."""
         day = stat_day(self.data_dir, date)
         result = await self._cached(day, ("downloads", ip_id, limit), compute.downloads_job, day, ip_id, limit)
         if result is None:
             raise WhaleNotFound(ip_id)
-        return dict(result)
+        return bytes(result)
 
     async def chart(self, date: str, view: str, top: int, ip_id: int | None = None) -> bytes:
         """One dashboard view as SVG (see charts.VIEWS); ``detail`` shows ``ip_id`` (default: the top whale)."""
@@ -253,18 +327,18 @@ class Analytics:
 
     def _known_rows(self, day: DayFile) -> int | None:
         for query in (("aggregate",), ("rows",)):
-            found = self._lookup(day, query)
+            found = self._cache.get(day, query)
             if found is not _MISSING:
                 return int(found["downloads"] if query == ("aggregate",) else found)
         return None
 
     async def _cached(self, day: DayFile, query: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
         """``func(*args)`` in the pool, or its cached result for this version of the day file."""
-        found = self._lookup(day, query)
+        found = self._cache.get(day, query)
         if found is not _MISSING:
             return found
         key = (day.path, day.version, query)
-        return await self._run(key, lambda result: self._store(day, query, result), func, *args)
+        return await self._run(key, lambda result: self._cache.put(day, query, result, _size(result)), func, *args)
 
     async def _run(
         self, key: tuple[Any, ...], store: Callable[[Any], None], func: Callable[..., Any], *args: Any
@@ -304,22 +378,3 @@ class Analytics:
             self._replace_broken(pool)
         elif error is None:
             store(done.result())
-
-    def _lookup(self, day: DayFile, query: tuple[Any, ...]) -> Any:
-        entry = self._cache.get(day.path)
-        if entry is None or entry.version != day.version or query not in entry.results:
-            return _MISSING
-        self._cache.move_to_end(day.path)
-        entry.results.move_to_end(query)
-        return entry.results[query]
-
-    def _store(self, day: DayFile, query: tuple[Any, ...], result: Any) -> None:
-        entry = self._cache.get(day.path)
-        if entry is None or entry.version != day.version:
-            entry = self._cache[day.path] = _DayResults(day.version)  # a new version drops the old results
-        entry.results[query] = result
-        while len(entry.results) > _CACHE_RESULTS:
-            entry.results.popitem(last=False)
-        self._cache.move_to_end(day.path)
-        while len(self._cache) > _CACHE_DAYS:
-            self._cache.popitem(last=False)

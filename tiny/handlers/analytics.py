@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tiny import layout
 from tiny.analytics import charts, compute, service
@@ -72,15 +72,24 @@ class AnalyticsHandler(JSONHandler):
         except service.Busy:
             raise APIError(503, "analytics are busy; try again", {"Retry-After": "1"}) from None
 
+    def send_json(self, body: Any) -> None:
+        """Finish with ``body`` as JSON (integers of any size: byte totals may pass 2^64)."""
+        self.finish(compute.dumps(body))
+
 
 class DaysHandler(AnalyticsHandler):
-    """``GET /api/days``: 200 ``{"days": [{"date", "rows", "bytes"}, ...]}``, oldest first.
+    """``GET /api/days?limit=L&after=D`` (L 1..1000, default 100; D a date): 200 ``{"days":
+    [{"date", "rows", "bytes"}, ...], "next": D2 | null}``, oldest first, the days after D;
+    ``next`` is the ``after`` of the next page, null on the last one.
 
-    ``rows`` counts complete rows (a row being appended is not counted yet).
+    ``rows`` counts complete rows (a row being appended is not counted yet). 400 bad L or D.
     """
 
     async def get(self) -> None:
-        self.send_json({"days": await self.answer(self.deps.analytics.days())})
+        limit = self.number("limit", service.DEFAULT_DAYS_PAGE, service.MAX_DAYS_PAGE)
+        after = self.get_query_argument("after", "")
+        page = await self.answer(self.deps.analytics.days(self.date(after) if after else "", limit))
+        self.send_json({"days": page.days, "next": page.next})
 
 
 class SummaryHandler(AnalyticsHandler):
@@ -128,7 +137,7 @@ class DownloadsHandler(AnalyticsHandler):
     async def get(self, date: str, ip_id: str) -> None:
         day, ip = self.date(date), self.ip_id(ip_id)
         limit = self.number("limit", compute.DEFAULT_LIMIT, compute.MAX_LIMIT)
-        self.send_json(await self.answer(self.deps.analytics.downloads(day, ip, limit)))
+        self.finish(await self.answer(self.deps.analytics.downloads(day, ip, limit)))  # JSON from the pool
 
 
 class ChartHandler(AnalyticsHandler):

@@ -138,7 +138,3 @@ class JSONHandler(web.RequestHandler):
 
     def on_finish(self) -> None:
         self.deps.metrics.observe_request(self.name, self.get_status(), self.request.request_time())
-
-    def send_json(self, body: Any) -> None:
-        """Finish with ``body`` as JSON."""
-        self.finish(orjson.dumps(body))
