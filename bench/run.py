@@ -291,6 +291,7 @@ events {{ worker_connections 1024; }}
 http {{
     default_type application/json;
     access_log off;
+{http_includes}
     client_body_temp_path {prefix}/client_body_temp;
     proxy_temp_path {prefix}/proxy_temp;
     fastcgi_temp_path {prefix}/fastcgi_temp;
@@ -324,11 +325,15 @@ def nginx_config(prefix: Path, port: int, upstreams: Sequence[int], workers: int
         copy = prefix / "proxy.conf"
         copy.write_text(text)
         proxy = f"        include {copy};"
+        http_includes = f"    include {ROOT / 'nginx' / 'idempotency.conf'};"  # proxy.conf's $tiny_idempotency_key
     else:
         proxy = _NGINX_INLINE_PROXY.format(buffering="on" if buffering else "off")
+        http_includes = ""
     servers = "\n".join(f"        server 127.0.0.1:{p} max_fails=0;" for p in upstreams)
     user = "user root root;" if os.geteuid() == 0 else ""  # workers must read the 0700 scratch dir
-    return _NGINX_CONF.format(workers=workers, prefix=prefix, user=user, servers=servers, port=port, proxy=proxy)
+    return _NGINX_CONF.format(
+        workers=workers, prefix=prefix, user=user, servers=servers, port=port, proxy=proxy, http_includes=http_includes
+    )
 
 
 class NginxFront(Service):

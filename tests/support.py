@@ -7,6 +7,7 @@ import itertools
 import json
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,8 @@ class Load:
 
     Records each request's start time, duration and status, and the lines of every
     acknowledged batch. ``no answer``: the connection failed or closed before any answer.
+    With ``retries``, each batch carries its own Idempotency-Key and is sent again after no
+    answer, a 502, 503 or 504, up to ``retries`` times: its recorded status is the last.
     """
 
     def __init__(
@@ -78,8 +81,11 @@ class Load:
         size: int = 100,
         max_seconds: float = 60.0,
         headers: dict[str, str] | None = None,
+        retries: int = 0,
     ) -> None:
         self.port = port
+        self.retries = retries
+        self.run = uuid.uuid4().hex[:8]  # keys unique to this load
         self.headers = {"Content-Type": "application/x-ndjson", **(headers or {})}
         self.day = day
         self.clients = clients
@@ -101,22 +107,27 @@ class Load:
         number = 0
         while not self._stop.is_set() and time.monotonic() < self.deadline:
             lines = self.batch(client, number)
+            headers = {**self.headers, "Idempotency-Key": f"load-{self.run}-{client}-{number}"}
             number += 1
             started = time.monotonic()
-            try:
-                conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT)
-                conn.request("POST", "/ingest", b"\n".join(lines), self.headers)
-                response = conn.getresponse()
-                body = response.read()
-                status = str(response.status)
-                if status != "200" and not is_json_error(response.getheader("Content-Type", ""), body):
-                    status += " (not the JSON error shape)"
-            except (OSError, http.client.HTTPException):
-                status = "no answer"
-                if conn is not None:
-                    conn.close()
-                conn = None
-                time.sleep(0.01)
+            for attempt in range(self.retries + 1):
+                try:
+                    conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT)
+                    conn.request("POST", "/ingest", b"\n".join(lines), headers if self.retries else self.headers)
+                    response = conn.getresponse()
+                    body = response.read()
+                    status = str(response.status)
+                    if status != "200" and not is_json_error(response.getheader("Content-Type", ""), body):
+                        status += " (not the JSON error shape)"
+                except (OSError, http.client.HTTPException):
+                    status = "no answer"
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    time.sleep(0.01)
+                if status not in ("no answer", "502", "503", "504") or attempt == self.retries:
+                    break
+                time.sleep(0.05)
             with self._lock:
                 self.requests.append((started, time.monotonic() - started, status, lines))
         if conn is not None:

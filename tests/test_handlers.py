@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from tests.support import Server, record, rows_of
+from tiny.layout import lock_path
 
 LIMIT = 64 * 1024
 TOKEN = "s3cret-token"
@@ -238,8 +239,9 @@ def test_full_backlog_gets_503_with_retry_after(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     day = data / "2014-05-04.csv"
-    with Server(data, "--max-backlog", "1") as server, open(day, "ab") as holder:
-        fcntl.flock(holder, fcntl.LOCK_EX)  # another writer holds the file: the sink waits
+    lock_path(data).parent.mkdir()
+    with Server(data, "--max-backlog", "1") as server, open(lock_path(data), "ab") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # another writer's flush holds the data dir: the sink waits
         first: list[int] = []
         stalled = threading.Thread(target=lambda: first.append(server.ingest(line()).status))
         stalled.start()

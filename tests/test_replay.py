@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT, SAMPLE_DAY, Server, free_port, rows_of, sample_csv
+from tiny.layout import lock_path
 from tiny.replay import Options, Summary, numbered_batches, replay, retry_after
 
 
@@ -53,14 +54,15 @@ def test_concurrent_gzip_replay_stores_the_same_rows(tmp_path: Path) -> None:
 
 
 def test_503_is_retried_after_retry_after(tmp_path: Path) -> None:
-    """A held flock stalls the first batch's write; with --max-backlog 1 the next gets 503."""
+    """A held flush lock stalls the first batch's write; with --max-backlog 1 the next gets 503."""
     data = tmp_path / "data"
     data.mkdir()
     day = data / "2014-05-04.csv"
+    lock_path(data).parent.mkdir()
     source = _small_day(tmp_path / "small.csv", 6)
     results: list[Summary] = []
-    with Server(data, "--max-backlog", "1") as server, open(day, "ab") as holder:
-        fcntl.flock(holder, fcntl.LOCK_EX)  # another writer holds the day file: the sink waits
+    with Server(data, "--max-backlog", "1") as server, open(lock_path(data), "ab") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # another writer's flush holds the data dir: the sink waits
         client = threading.Thread(
             target=lambda: results.append(replay(Options(source, _url(server), batch=1, concurrency=2, timeout=20)))
         )
@@ -233,3 +235,14 @@ def test_a_malformed_row_stops_the_run_at_its_line_and_says_how_to_resume(tmp_pa
     assert "records sent   3 " in stopped.stdout  # lines 2-4: the batch before the row went out whole
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert (tmp_path / "data" / "2014-05-04.csv").read_bytes() == b"".join(rows)
+
+
+@pytest.mark.hardening("exactly once: no batch could be retried safely")
+def test_the_same_day_replayed_twice_leaves_one_copy(tmp_path: Path) -> None:
+    """Each batch's key comes from the file and its lines: the second run writes nothing."""
+    with Server(tmp_path / "data", processes=2) as server:
+        first = replay(Options(SAMPLE_DAY, _url(server), batch=1000, concurrency=4))
+        second = replay(Options(SAMPLE_DAY, _url(server), batch=1000, concurrency=4, gzip=True))
+    assert (first.failures, first.replayed, second.failures, second.replayed) == (0, 0, 0, 78)
+    header, *rows = rows_of(tmp_path / "data" / "2014-05-04.csv")
+    assert sorted(rows) == sorted(sample_csv().splitlines(keepends=True)[1:])

@@ -99,30 +99,6 @@ def test_fsync_mode_writes_the_same_bytes(tmp_path: Path) -> None:
     assert (tmp_path / "new" / "a.csv").read_bytes() == b"h\n1\n"
 
 
-def test_a_partial_last_line_left_by_a_killed_writer_is_cut_before_appending(tmp_path: Path) -> None:
-    (tmp_path / "d.csv").write_bytes(b"h\n1\n2\npartial row")
-
-    async def go() -> None:
-        sink, _ = make(tmp_path)
-        await sink.append({"d.csv": b"3\n"})
-        await sink.close()
-
-    run(go())
-    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n3\n"
-
-
-def test_a_file_that_is_one_partial_line_is_emptied_and_gets_its_header(tmp_path: Path) -> None:
-    (tmp_path / "d.csv").write_bytes(b"no newline at all" * 10000)
-
-    async def go() -> None:
-        sink, _ = make(tmp_path)
-        await sink.append({"d.csv": b"1\n"})
-        await sink.close()
-
-    run(go())
-    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"
-
-
 @pytest.mark.hardening("ingest 4: one batch could open unboundedly many day files")
 def test_one_appends_failure_never_fails_another_appends_write(tmp_path: Path) -> None:
     (tmp_path / "b.csv").mkdir()  # any write to b.csv fails (EISDIR)
@@ -172,25 +148,67 @@ def test_a_flush_opens_at_most_max_files_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.hardening("ingest 4: one batch could open unboundedly many day files")
-def test_a_writer_that_finds_its_file_removed_opens_it_again(tmp_path: Path) -> None:
+def test_a_writer_opens_its_files_only_under_the_data_dirs_lock(tmp_path: Path) -> None:
+    """A roll-back may remove a file it created: no other writer may hold it open meanwhile."""
     import fcntl
     import os
     import threading
 
-    path = tmp_path / "d.csv"
-    path.write_bytes(b"")
-    holder = os.open(path, os.O_RDWR)
-    fcntl.flock(holder, fcntl.LOCK_EX)  # as a writer that created it and is about to fail
+    from tiny import layout
 
     async def go() -> None:
         sink, _ = make(tmp_path)
         await sink.append({"d.csv": b"1\n"})
         await sink.close()
 
+    layout.state_dir(tmp_path).mkdir()
+    holder = os.open(layout.lock_path(tmp_path), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another writer's flush is under way
     done = threading.Thread(target=run, args=(go(),))
     done.start()
-    time.sleep(0.3)  # the sink has opened d.csv and waits for the lock
-    path.unlink()  # the other writer's roll-back removes the file it created, then unlocks
+    time.sleep(0.3)
+    assert not (tmp_path / "d.csv").exists()  # the sink waits for the lock before it opens anything
+    (tmp_path / "d.csv").write_bytes(b"")
+    (tmp_path / "d.csv").unlink()  # that flush created the file, failed and removed it
     os.close(holder)
     done.join(10)
-    assert path.read_bytes() == b"h\n1\n"
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"
+
+
+@pytest.mark.hardening("exactly once: a day file without a final LF lost its last row")
+def test_a_last_row_the_sink_did_not_write_is_kept_even_without_its_lf(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_bytes(b"h\n1\n2")  # copied in, or edited by hand
+
+    async def go() -> None:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"3\n"})
+        await sink.close()
+
+    run(go())
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n3\n"
+
+
+@pytest.mark.hardening("exactly once: a torn write was cut back to a guess, not to its size")
+def test_a_flush_killed_mid_write_is_cut_back_to_its_exact_size_by_the_next(tmp_path: Path) -> None:
+    """The journal's intent gives each file's size before the flush: the next flush cuts the
+    torn bytes, however many lines they hold, and nothing before them."""
+    from tiny.journal import Intent, Journal
+
+    (tmp_path / "d.csv").write_bytes(b"h\n1\n2")
+    journal = Journal(tmp_path)
+    journal.open()
+    with journal.locked():
+        journal.intend([Intent("d.csv", 5, False), Intent("new.csv", 0, True)])
+    with open(tmp_path / "d.csv", "ab") as torn:
+        torn.write(b"\n9\n9\n9")  # the killed flush got this far
+    (tmp_path / "new.csv").write_bytes(b"h\n9")
+    journal.close()
+
+    async def go() -> None:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"3\n"})
+        await sink.close()
+
+    run(go())
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n3\n"
+    assert not (tmp_path / "new.csv").exists()

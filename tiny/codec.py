@@ -22,6 +22,10 @@ of valid and invalid lines. A line is valid when it is a UTF-8 JSON object whose
 pass :func:`encode_record`'s rules (docs in README "Records"). The function never raises
 for any input bytes.
 
+``digest(body: bytes) -> bytes``: the fingerprint an Idempotency-Key is stored with, the
+body's length (8 bytes) and CRC-32 (4 bytes), big-endian. Not a cryptographic hash: it tells
+a retry of the same body from another body sent with the same key by mistake.
+
 :data:`encode` is the compiled codec (the ``tiny_codec`` extension, Rust, built from
 rust/tiny_codec by ``make codec``) when it is importable, and the pure-Python
 :func:`encode_reference` otherwise; :data:`CODEC` names the one in use ("rust" or
@@ -33,6 +37,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import zlib
 from collections.abc import Callable
 from datetime import date as _date
 from typing import Any, NamedTuple, Protocol
@@ -206,26 +211,31 @@ def encode_reference(
     return Batch({day: b"".join(rows) for day, rows in days.items()}, rejects, valid, invalid, omitted)
 
 
+def digest_reference(body: bytes) -> bytes:
+    """The body's length and CRC-32, 12 bytes (see the module docstring)."""
+    return len(body).to_bytes(8, "big") + zlib.crc32(body).to_bytes(4, "big")
+
+
 class Encode(Protocol):
     """The signature both codecs share."""
 
     def __call__(self, body: bytes, max_days: int = MAX_DAYS, max_rejects: int = MAX_REJECTS) -> Batch: ...
 
 
-def _select() -> tuple[str, Encode]:
+def _select() -> tuple[str, Encode, Callable[[bytes], bytes]]:
     """Pick the compiled codec unless it is missing or TINY_CODEC=python asks otherwise."""
     if os.environ.get("TINY_CODEC", "").lower() in ("python", "reference"):
-        return "python", encode_reference
+        return "python", encode_reference, digest_reference
     try:
         import tiny_codec  # type: ignore[import-not-found]
     except ImportError:
-        return "python", encode_reference
+        return "python", encode_reference, digest_reference
     compiled = tiny_codec.encode
 
     def encode_compiled(body: bytes, max_days: int = MAX_DAYS, max_rejects: int = MAX_REJECTS) -> Batch:
         return Batch(*compiled(body, max_days, max_rejects))
 
-    return "rust", encode_compiled
+    return "rust", encode_compiled, tiny_codec.digest
 
 
-CODEC, encode = _select()
+CODEC, encode, digest = _select()

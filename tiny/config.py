@@ -43,6 +43,9 @@ class Config:
     analytics_nice: str = "idle"
     analytics_max_queued: int = 32
     analytics_cache_bytes: int = 64 * 1024**2
+    idempotency_window: float = 86_400.0
+    idempotency_max_keys: int = 10_000_000
+    crash_at: str = ""  # fault injection for the crash tests (tiny.sink); not in --help
     token_source: str = ""  # where the token came from: "file", "environment" or "command line"
 
     def worker_count(self) -> int:
@@ -114,6 +117,18 @@ def _niceness(text: str) -> str:
     return text
 
 
+def _crash_point(text: str) -> str:
+    """``point:probability`` (tiny.sink.CRASH_POINTS), or empty."""
+    from tiny.sink import CRASH_POINTS
+
+    point, _, chance = text.partition(":")
+    if text and point not in CRASH_POINTS:
+        raise argparse.ArgumentTypeError("not a crash point")
+    if chance and not 0 <= float(chance) <= 1:
+        raise argparse.ArgumentTypeError("the probability must be 0-1")
+    return text
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -121,8 +136,9 @@ def _seconds(text: str) -> float:
     return value
 
 
-# (flag, type, help); the default comes from Config, the environment overrides it.
-_FLAGS: list[tuple[str, object, str]] = [
+# (flag, type, help); the default comes from Config, the environment overrides it. A flag
+# without help is for the tests only and stays out of --help.
+_FLAGS: list[tuple[str, object, str | None]] = [
     ("port", _port, "TCP port to listen on"),
     ("address", str, "address to bind"),
     ("processes", _non_negative_int, "worker processes; 0 = one per core"),
@@ -148,6 +164,9 @@ _FLAGS: list[tuple[str, object, str]] = [
     ("analytics_nice", _niceness, "CPU priority of the analytics pool: 'idle' (SCHED_IDLE) or a nice value 0-19"),
     ("analytics_max_queued", _positive_int, "distinct analytics computations queued per worker before 503"),
     ("analytics_cache_bytes", _positive_size, "analytics results cached per worker, in bytes (or 64MiB)"),
+    ("idempotency_window", _seconds, "seconds an Idempotency-Key is kept at least (a retry within it writes nothing)"),
+    ("idempotency_max_keys", _positive_int, "Idempotency-Keys kept at most; past it the oldest go first"),
+    ("crash_at", _crash_point, None),
 ]
 
 
@@ -172,7 +191,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
             type=kind,  # type: ignore[arg-type]
             default=default,
             choices=DURABILITIES if name == "durability" else None,
-            help=f"{text} (env {env_name}; default {shown})",
+            help=f"{text} (env {env_name}; default {shown})" if text else argparse.SUPPRESS,
         )
     return parser
 

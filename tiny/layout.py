@@ -4,6 +4,9 @@
   opened by :data:`HEADER` exactly once; the columns are :data:`COLUMNS`.
 - ``rejects/YYYY-MM-DD.ndjson``: the refused lines of requests received that UTC day
   (:mod:`tiny.rejects` renders them).
+- ``.tiny/``: the journal (:mod:`tiny.journal`): ``lock``, the flush lock every writer takes,
+  and ``journal.sqlite3`` (with SQLite's ``-wal`` and ``-shm`` beside it), the intent of the
+  flush under way and the idempotency keys.
 
 Everything else (the sink, the handlers, the analytics, the benchmarks and tests, and the
 Rust crate's column list, which a test holds equal to :data:`COLUMNS`) asks this module
@@ -21,6 +24,7 @@ COLUMNS = ("date", "time", "size", "r_version", "r_arch", "r_os", "package", "ve
 HEADER = (",".join(f'"{column}"' for column in COLUMNS) + "\n").encode()
 DAY_SUFFIX = ".csv"
 REJECTS_DIR = "rejects"
+STATE_DIR = ".tiny"
 _DAY_FILE = re.compile(r"(\d{4}-\d{2}-\d{2})\.csv\Z")
 
 
@@ -51,3 +55,18 @@ def parse_day(text: str) -> str:
 def rejects_file(received: datetime) -> str:
     """The rejects file, relative to DATA_DIR, for a request received at ``received`` (UTC)."""
     return f"{REJECTS_DIR}/{received:%Y-%m-%d}.ndjson"
+
+
+def state_dir(data_dir: Path) -> Path:
+    """``data_dir/.tiny``: the journal's directory."""
+    return data_dir / STATE_DIR
+
+
+def lock_path(data_dir: Path) -> Path:
+    """The flush lock every writer of ``data_dir`` takes (flock)."""
+    return state_dir(data_dir) / "lock"
+
+
+def journal_path(data_dir: Path) -> Path:
+    """The journal's SQLite database."""
+    return state_dir(data_dir) / "journal.sqlite3"

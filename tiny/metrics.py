@@ -49,6 +49,21 @@ class Metrics:
         self.connections = Gauge(
             "tiny_open_connections", "Open client connections", registry=None, multiprocess_mode="livesum"
         )
+        self.replayed = Counter(
+            "tiny_idempotent_replays", "Answers replayed for an Idempotency-Key already stored", registry=None
+        )
+        self.conflicts = Counter(
+            "tiny_idempotency_conflicts",
+            "Idempotency-Keys refused, by status (422: another body)",
+            ["status"],
+            registry=None,
+        )
+        self.keys_held = Gauge(
+            "tiny_idempotency_keys",
+            "Idempotency-Keys in the data dir's journal",
+            registry=None,
+            multiprocess_mode="max",
+        )
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self.valid = self.records.labels("valid")
         self.invalid = self.records.labels("invalid")

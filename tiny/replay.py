@@ -16,12 +16,19 @@ Every batch ends as stored (a 200 with the server's answer, whose counts match t
 as failed (counted, with its error): whatever the server or the network does, the summary
 never reports a lost batch as stored, and the exit status says so.
 
+Exactly once: each batch carries an ``Idempotency-Key`` derived from the file (a digest of
+its content) and the batch's first and last line, so sending it again, after a lost
+connection, a 502 or a 504 from a proxy, or in a second run of the same file with the same
+``--batch``, writes nothing twice: the server answers the stored answer, and the summary
+counts those batches as ``replayed``. ``--no-keys`` sends none (then a batch resent after a
+lost connection may duplicate rows).
+
 Retries: a ``503`` (the server's backlog is full, the disk refused the write, or it is
-draining: nothing of that batch was kept) is sent again after its ``Retry-After`` seconds.
-A connection that cannot be made or is lost is retried with exponential backoff; if it was
-lost after the batch was sent, the server may have written it, so that retry may duplicate
-rows (counted as ``resent_unanswered`` in the summary; ``--no-resend`` fails such a batch
-instead). At most ``--retries`` retries per batch; any other status fails the batch at once.
+draining: nothing of that batch was kept) is sent again after its ``Retry-After`` seconds;
+so is a 502 or 504 when the batch has a key. A connection that cannot be made or is lost is
+retried with exponential backoff (counted as ``resent_unanswered`` when the batch had been
+sent; ``--no-resend`` fails such a batch instead). At most ``--retries`` retries per batch;
+any other status fails the batch at once.
 
 A progress line (records sent, records/s) goes to stderr when it is a terminal (or with
 ``--progress``); the summary (records sent, valid, invalid, batches, retries, failures,
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import http.client
 import math
 import queue
@@ -75,6 +83,7 @@ class Options:
     timeout: float = 60.0
     resend_unanswered: bool = True
     start_line: int = 2  # the first line of the file to send (line 1 is the header)
+    keys: bool = True  # an Idempotency-Key per batch
 
 
 @dataclass
@@ -88,6 +97,7 @@ class Summary:
     retries: int = 0
     retries_503: int = 0
     resent_unanswered: int = 0
+    replayed: int = 0  # acknowledged with an answer the server had stored (Idempotent-Replayed)
     failures: int = 0
     failed_records: int = 0
     seconds: float = 0.0
@@ -173,6 +183,15 @@ def _batch(chunk: list[tuple[int, bytes]]) -> Batch:
     return Batch(chunk[0][0], chunk[-1][0], len(chunk), b"".join(line for _, line in chunk))
 
 
+def file_digest(path: Path) -> str:
+    """16 hex digits of the SHA-256 of a file's bytes: the source part of each batch's key."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
 def retry_after(value: str | None, default: float = 1.0) -> float:
     """Seconds to wait from a ``Retry-After`` header (delta-seconds; a date or junk -> default)."""
     try:
@@ -216,9 +235,9 @@ class Poster:
             self.conn.close()
             self.conn = None
 
-    def _exchange(self, body: bytes) -> tuple[int, str | None, bytes]:
-        """One request; (status, Retry-After, body). Raises OSError before anything was sent,
-        _Unanswered when the connection broke after sending started."""
+    def _exchange(self, body: bytes, headers: dict[str, str]) -> tuple[int, str | None, bool, bytes]:
+        """One request; (status, Retry-After, replayed, body). Raises OSError before anything
+        was sent, _Unanswered when the connection broke after sending started."""
         conn = self._connection()
         if conn.sock is None:
             try:
@@ -227,7 +246,7 @@ class Poster:
                 self.close()
                 raise
         try:
-            conn.request("POST", self.path, body, self.headers)
+            conn.request("POST", self.path, body, headers)
             response = conn.getresponse()
             data = response.read()
         except (OSError, http.client.HTTPException) as exc:
@@ -235,16 +254,20 @@ class Poster:
             raise _Unanswered(f"{type(exc).__name__}: {exc}") from exc
         if response.will_close:
             self.close()
-        return response.status, response.getheader("Retry-After"), data
+        replayed = response.getheader("Idempotent-Replayed") == "true"
+        return response.status, response.getheader("Retry-After"), replayed, data
 
-    def post(self, body: bytes, records: int) -> tuple[int, int]:
+    def post(self, body: bytes, records: int, key: str | None = None) -> tuple[int, int]:
         """Post one batch until it is acknowledged: (valid, invalid) from the server's answer,
-        which must count ``records`` lines; BatchFailed otherwise."""
+        which must count ``records`` lines; BatchFailed otherwise. With ``key`` (its
+        Idempotency-Key), a 502 or 504 is retried too: the server writes it once."""
+        headers = {**self.headers, "Idempotency-Key": key} if key else self.headers
+        retryable = (502, 503, 504) if key else (503,)
         attempt = 0
         backoff = _BACKOFF_START
         while True:
             try:
-                status, after, data = self._exchange(body)
+                status, after, replayed, data = self._exchange(body, headers)
             except (_Unanswered, OSError) as exc:
                 unanswered = isinstance(exc, _Unanswered)
                 if unanswered and not self.options.resend_unanswered:
@@ -256,11 +279,13 @@ class Poster:
                 backoff = min(backoff * 2, _BACKOFF_MAX)
             else:
                 if status == 200:
-                    return _record_counts(data, records)
-                if status != 503 or attempt >= self.options.retries:
+                    counts = _record_counts(data, records)
+                    self._count(replayed=int(replayed))
+                    return counts
+                if status not in retryable or attempt >= self.options.retries:
                     raise BatchFailed(f"HTTP {status}: {data[:300].decode('utf-8', 'replace').strip()}")
-                self._count(retries=1, retries_503=1)
-                time.sleep(retry_after(after))
+                self._count(retries=1, retries_503=int(status == 503))
+                time.sleep(retry_after(after) if status == 503 else backoff)
             attempt += 1
 
     def _count(self, **increments: int) -> None:
@@ -323,6 +348,7 @@ def replay(options: Options, progress: IO[str] | None = None) -> Summary:
     lock = threading.Lock()
     bar = Progress(progress)
     source = numbered_batches(file_lines(options.path, options.start_line), options.batch)
+    prefix = f"replay-{file_digest(options.path)}" if options.keys else ""
     work: queue.Queue[Batch | None] = queue.Queue(maxsize=2 * options.concurrency)
     stop = threading.Event()
     posters = [Poster(options, summary, lock) for _ in range(options.concurrency)]
@@ -342,9 +368,9 @@ def replay(options: Options, progress: IO[str] | None = None) -> Summary:
                 fail(batch, "not sent: interrupted")
                 continue
             try:
-                valid, invalid = poster.post(
-                    gzip.compress(batch.body, 5) if options.gzip else batch.body, batch.records
-                )
+                body = gzip.compress(batch.body, 5) if options.gzip else batch.body
+                key = f"{prefix}-{batch.first_line}-{batch.last_line}" if prefix else None
+                valid, invalid = poster.post(body, batch.records, key)
             except BatchFailed as exc:
                 fail(batch, str(exc))
             except Exception as exc:  # a batch never vanishes with its thread: it is a failure
@@ -394,6 +420,7 @@ def format_summary(summary: Summary) -> str:
         f"({summary.failed_records:,} records not stored)",
         f"retries        {summary.retries:,} ({summary.retries_503:,} after 503, "
         f"{summary.resent_unanswered:,} resent without an answer)",
+        f"replayed       {summary.replayed:,} batches the server had stored already (written once)",
         f"time           {summary.seconds:.2f} s, {summary.records_per_s:,.0f} records/s",
     ]
     lines += [f"error          {error}" for error in summary.errors]
@@ -437,6 +464,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, argparse.Nam
     shown.add_argument("--progress", action="store_true", help="show the progress line even if stderr is no tty")
     shown.add_argument("--no-progress", action="store_true", help="no progress line")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument(
+        "--no-keys", action="store_true", help="send no Idempotency-Key (a batch resent may then be written twice)"
+    )
     args = parser.parse_args(argv)
     if args.batch < 1 or args.concurrency < 1 or args.retries < 0:
         parser.error("--batch and --concurrency must be at least 1, --retries at least 0")
@@ -460,6 +490,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, argparse.Nam
         args.timeout,
         not args.no_resend,
         args.start_line,
+        not args.no_keys,
     )
     return options, args
 

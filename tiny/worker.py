@@ -22,6 +22,7 @@ from tiny.config import Config
 from tiny.drain import Drain
 from tiny.handlers.base import HEADER_READ_LIMIT, Deps, instance_name
 from tiny.httpserver import TinyHTTPServer
+from tiny.journal import Journal
 from tiny.metrics import Metrics
 from tiny.routes import make_app
 from tiny.sink import DailyFileSink
@@ -47,14 +48,21 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
     def on_flush(seconds: float, nbytes: int, ok: bool) -> None:
         metrics.observe_flush(seconds, nbytes, ok)
         metrics.backlog.set(sink.backlog)
+        metrics.keys_held.set(journal.held)
 
+    fsync = config.durability == "fsync"
+    journal = Journal(
+        config.data_dir, fsync=fsync, window=config.idempotency_window, max_keys=config.idempotency_max_keys
+    )
     sink = DailyFileSink(
         config.data_dir,
-        fsync=config.durability == "fsync",
+        fsync=fsync,
         max_backlog=config.max_backlog,
         max_files=descriptors.sink_files(config),
         headers={layout.DAY_SUFFIX: layout.HEADER},
+        journal=journal,
         on_flush=on_flush,
+        crash_at=config.crash_at,
     )
     return sink
 

@@ -17,7 +17,8 @@ from tiny.sink import BacklogFull, SinkError
 MAX_ERRORS = 10  # per-line errors listed in a 200 answer; all of them go to rejects/
 INLINE_DECODE_BYTES = 1024 * 1024  # bodies up to this are decoded on the event loop itself
 MAX_GZIP_MEMBERS = 250_000  # about 0.5 s of zlib set-up; real bodies have one member, or a few
-_MIN_FEED, _MAX_FEED = 64, 64 * 1024  # bytes given to zlib at once (see gunzip)
+_MIN_FEED, _MAX_FEED = 64, 64 * 1024
+MAX_KEY = 255  # characters of an Idempotency-Key  # bytes given to zlib at once (see gunzip)
 NDJSON_TYPES = frozenset(
     {
         "application/x-ndjson",
@@ -70,6 +71,19 @@ def gunzip(body: bytes, limit: int) -> bytes:
     return b"".join(out)
 
 
+def idempotency_key(value: str | None) -> str | None:
+    """The key an ``Idempotency-Key`` header gives (None without one): 1 to 255 visible ASCII
+    characters, in double quotes or not (the IETF draft's structured-field string); 400 else."""
+    if value is None:
+        return None
+    key = value.strip()
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        key = key[1:-1]
+    if not 1 <= len(key) <= MAX_KEY or not all("!" <= char <= "~" for char in key):
+        raise APIError(400, f"Idempotency-Key must be 1 to {MAX_KEY} visible ASCII characters")
+    return key
+
+
 @web.stream_request_body
 class IngestHandler(JSONHandler):
     """``POST /ingest``: NDJSON CRAN records in, appended to the day files, then a 200.
@@ -80,8 +94,15 @@ class IngestHandler(JSONHandler):
       declared Content-Length is refused before the body is read).
     - 200 once every valid row and every reject is written (see tiny.sink), with counts and
       the first MAX_ERRORS line errors; invalid lines never fail the batch.
-    - 400 corrupt gzip, 401 bad token, 405 other methods, 431 header limits, 503 +
-      Retry-After when the backlog is full or the disk refuses the write.
+    - ``Idempotency-Key`` (1-255 visible ASCII characters, optionally in double quotes):
+      the first request with a key is processed and its answer stored with the key and a
+      digest of its decompressed body, atomically with its rows (tiny.journal). The same key
+      with the same body later, from any process sharing the data dir, gets that answer again
+      with ``Idempotent-Replayed: true`` and writes nothing; with another body, 422. A second
+      request with a key whose first is still in flight waits for it, then is answered so.
+    - 400 corrupt gzip or a malformed Idempotency-Key, 401 bad token, 405 other methods, 422
+      a key reused for another body, 431 header limits, 503 + Retry-After when the backlog is
+      full or the disk refuses the write (nothing stored: a retry is processed afresh).
     """
 
     name = "ingest"
@@ -94,6 +115,7 @@ class IngestHandler(JSONHandler):
         self._received = 0
         self._counted = False
         self._body_read = False
+        self._key: str | None = None
 
     def prepare(self) -> None:
         self._counted = True
@@ -102,6 +124,7 @@ class IngestHandler(JSONHandler):
         if self.request.method != "POST":
             raise APIError(405, "use POST to send records")
         self.check_token()
+        self._key = idempotency_key(self.request.headers.get("Idempotency-Key"))
         encoding = self.request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("identity", "gzip", "x-gzip", ""):
             raise APIError(415, f"Content-Encoding {encoding!r} is not supported; use identity or gzip")
@@ -149,45 +172,55 @@ class IngestHandler(JSONHandler):
             # the event loop for milliseconds: decode it, and render its rejects, on a thread
             # (zlib and the compiled codec release the GIL, so other requests go on meanwhile).
             loop = asyncio.get_running_loop()
-            batch, chunks = await loop.run_in_executor(None, self._encode, body)
+            batch, chunks, digest = await loop.run_in_executor(None, self._encode, body)
         else:
-            batch, chunks = self._encode(body)
-        if chunks:
+            batch, chunks, digest = self._encode(body)
+        answer = orjson.dumps(
+            {
+                "result": {
+                    "status": "ok",
+                    "stats": {
+                        "bytes": received,
+                        "records": {
+                            "valid": batch.valid,
+                            "invalid": batch.invalid,
+                            "total": batch.valid + batch.invalid,
+                        },
+                    },
+                },
+                "errors": [{"line": line, "error": reason} for line, reason, _ in batch.rejects[:MAX_ERRORS]],
+            }
+        )
+        metrics = self.deps.metrics
+        metrics.bytes_in.inc(received)
+        if chunks or self._key is not None:
+            key = (self._key, digest, answer) if self._key is not None else None
             try:
-                await self.deps.sink.append(chunks)
+                stored = await self.deps.sink.append(chunks, key)
             except BacklogFull:
                 raise APIError(
                     503, "too many writes are waiting for the disk; retry later", {"Retry-After": "1"}
                 ) from None
             except SinkError as exc:
                 raise APIError(503, f"{exc}; nothing of this request was kept", {"Retry-After": "5"}) from None
-        metrics = self.deps.metrics
-        metrics.bytes_in.inc(received)
+            if stored is not None:  # the key was stored before: nothing was written now
+                if stored.digest != digest:
+                    metrics.conflicts.labels("422").inc()
+                    raise APIError(422, "this Idempotency-Key was used for another body; use a new key")
+                metrics.replayed.inc()
+                self.set_header("Idempotent-Replayed", "true")
+                self.finish(stored.answer)
+                return
         metrics.valid.inc(batch.valid)
         metrics.invalid.inc(batch.invalid)
-        self.finish(
-            orjson.dumps(
-                {
-                    "result": {
-                        "status": "ok",
-                        "stats": {
-                            "bytes": received,
-                            "records": {
-                                "valid": batch.valid,
-                                "invalid": batch.invalid,
-                                "total": batch.valid + batch.invalid,
-                            },
-                        },
-                    },
-                    "errors": [{"line": line, "error": reason} for line, reason, _ in batch.rejects[:MAX_ERRORS]],
-                }
-            )
-        )
+        self.finish(answer)
 
-    def _encode(self, body: bytes) -> tuple[codec.Batch, dict[str, bytes]]:
-        """The body's batch, and the bytes it appends to each file (relative to DATA_DIR)."""
+    def _encode(self, body: bytes) -> tuple[codec.Batch, dict[str, bytes], bytes]:
+        """The body's batch, the bytes it appends to each file (relative to DATA_DIR), and the
+        decompressed body's digest when the request has an Idempotency-Key."""
         if self._gzip:
             body = gunzip(body, self.config.max_body)
+        digest = codec.digest(body) if self._key is not None else b""
         batch = codec.encode(body, self.config.max_days, self.config.max_rejects)
         chunks = {layout.day_file(day): rows for day, rows in batch.days.items()}
         if batch.invalid:
@@ -196,7 +229,7 @@ class IngestHandler(JSONHandler):
             if batch.omitted is not None:
                 omitted = (batch.invalid - len(batch.rejects), *batch.omitted)
             chunks[layout.rejects_file(now)] = rejects.render(batch.rejects, now, omitted)
-        return batch, chunks
+        return batch, chunks, digest
 
     def _done(self) -> None:
         if self._counted:

@@ -1,0 +1,300 @@
+"""Exactly-once batches: the Idempotency-Key contract of /ingest, across processes, restarts and kill -9.
+
+Every batch here is traceable: its rows carry unique ip_ids, so a day file shows whether
+each batch is there exactly once, whole and in order.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.support import Server, record, rows_of
+from tests.test_workers import worker_pids
+from tiny.codec import encode_reference
+
+pytestmark = pytest.mark.hardening("exactly once: no batch could be retried safely")
+
+
+def body_of(batch: int, size: int = 20, days: tuple[str, ...] = ("2014-05-04",)) -> bytes:
+    """A batch of ``size`` records per day of ``days``, ip_ids unique to it, and one invalid line."""
+    lines = [
+        orjson.dumps(record(date=day, ip_id=batch * 1000 + d * 100 + i + 1))
+        for d, day in enumerate(days)
+        for i in range(size)
+    ]
+    return b"\n".join([*lines, b"not json"]) + b"\n"
+
+
+def key(batch: int) -> dict[str, str]:
+    return {"Idempotency-Key": f"batch-{batch}"}
+
+
+def assert_exactly_once(data: Path, bodies: dict[int, bytes]) -> None:
+    """Every batch's rows on disk once, contiguous and in order, per day; nothing else."""
+    expected: dict[str, list[bytes]] = {}
+    for body in bodies.values():
+        for day, rows in encode_reference(body).days.items():
+            expected.setdefault(day, []).append(rows)
+    for day, batches in expected.items():
+        on_disk = rows_of(data / f"{day}.csv")[1:]
+        assert len(on_disk) == sum(rows.count(b"\n") for rows in batches), f"{day}: rows missing or twice"
+        text = b"".join(on_disk)
+        for rows in batches:
+            assert text.count(rows) == 1, f"{day}: a batch is not on disk exactly once, whole"
+
+
+def test_the_same_key_and_body_again_replays_the_answer_and_writes_nothing(tmp_path: Path) -> None:
+    with Server(tmp_path / "data") as server:
+        first = server.ingest(body_of(1), key(1))
+        again = server.ingest(body_of(1), key(1))
+    assert first.status == again.status == 200
+    assert "idempotent-replayed" not in first.headers and again.headers["idempotent-replayed"] == "true"
+    assert again.body == first.body  # the stored answer: counts and errors
+    assert_exactly_once(tmp_path / "data", {1: body_of(1)})
+    rejects = next((tmp_path / "data" / "rejects").glob("*.ndjson")).read_bytes().splitlines()
+    assert len(rejects) == 1
+
+
+def test_the_same_key_with_another_body_gets_422_and_writes_nothing(tmp_path: Path) -> None:
+    with Server(tmp_path / "data") as server:
+        assert server.ingest(body_of(1), key(1)).status == 200
+        other = server.ingest(body_of(2), key(1))
+    assert other.status == 422 and other.json()["error"]["status"] == 422
+    assert_exactly_once(tmp_path / "data", {1: body_of(1)})
+
+
+def test_the_same_body_gzipped_is_the_same_body(tmp_path: Path) -> None:
+    """The digest is of the decompressed body: a retry may compress it, or not."""
+    import gzip
+
+    with Server(tmp_path / "data") as server:
+        assert server.ingest(body_of(1), key(1)).status == 200
+        packed = server.ingest(gzip.compress(body_of(1)), {**key(1), "Content-Encoding": "gzip"})
+    assert packed.status == 200 and packed.headers["idempotent-replayed"] == "true"
+
+
+@pytest.mark.parametrize("value", ["", " ", "x" * 256, "with space", "é", "tab\there", '""'])
+def test_a_key_must_be_1_to_255_visible_ascii_characters(tmp_path: Path, value: str) -> None:
+    with Server(tmp_path / "data") as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.putrequest("POST", "/ingest")
+        conn.putheader("Idempotency-Key", value.encode("utf-8"))
+        conn.putheader("Content-Length", "0")
+        conn.endheaders()
+        response = conn.getresponse()
+        assert response.status == 400, response.read()
+        conn.close()
+
+
+def test_keys_of_255_characters_and_quoted_keys_are_accepted(tmp_path: Path) -> None:
+    with Server(tmp_path / "data") as server:
+        assert server.ingest(body_of(1), {"Idempotency-Key": "~" * 255}).status == 200
+        assert server.ingest(body_of(2), {"Idempotency-Key": '"quoted"'}).status == 200
+        again = server.ingest(body_of(2), {"Idempotency-Key": "quoted"})  # the same key, unquoted
+    assert again.headers["idempotent-replayed"] == "true"
+
+
+def test_a_503_stores_nothing_and_the_retry_is_processed_afresh(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "2014-05-04.csv").mkdir(parents=True)  # the disk refuses this day's file
+    with Server(data) as server:
+        assert server.ingest(body_of(1), key(1)).status == 503
+        (data / "2014-05-04.csv").rmdir()
+        retried = server.ingest(body_of(1), key(1))
+    assert retried.status == 200 and "idempotent-replayed" not in retried.headers
+    assert_exactly_once(data, {1: body_of(1)})
+
+
+def test_a_restart_keeps_the_keys(tmp_path: Path) -> None:
+    with Server(tmp_path / "data") as server:
+        first = server.ingest(body_of(1), key(1))
+    with Server(tmp_path / "data") as again:
+        replayed = again.ingest(body_of(1), key(1))
+    assert replayed.headers["idempotent-replayed"] == "true" and replayed.body == first.body
+    assert_exactly_once(tmp_path / "data", {1: body_of(1)})
+
+
+def test_a_retry_after_the_window_is_processed_as_new(tmp_path: Path) -> None:
+    with Server(tmp_path / "data", "--idempotency-window", "1") as server:
+        assert server.ingest(body_of(1), key(1)).status == 200
+        time.sleep(1.5)
+        late = server.ingest(body_of(1), key(1))
+    assert late.status == 200 and "idempotent-replayed" not in late.headers
+    assert len(rows_of(tmp_path / "data" / "2014-05-04.csv")) == 1 + 2 * 20  # written twice, as documented
+
+
+def test_past_max_keys_the_oldest_keys_go_first(tmp_path: Path) -> None:
+    with Server(tmp_path / "data", "--idempotency-max-keys", "5") as server:
+        for batch in range(8):
+            assert server.ingest(body_of(batch), key(batch)).status == 200
+        newest = server.ingest(body_of(7), key(7))
+        oldest = server.ingest(body_of(0), key(0))
+        metrics = server.request("GET", "/metrics").body.decode()
+    assert newest.headers.get("idempotent-replayed") == "true"
+    assert "idempotent-replayed" not in oldest.headers  # forgotten: written again
+    assert "tiny_idempotency_keys 5.0" in metrics or "tiny_idempotency_keys 6.0" in metrics
+
+
+def test_metrics_count_replays_conflicts_and_keys(tmp_path: Path) -> None:
+    with Server(tmp_path / "data") as server:
+        server.ingest(body_of(1), key(1))
+        server.ingest(body_of(1), key(1))
+        server.ingest(body_of(2), key(1))
+        text = server.request("GET", "/metrics").body.decode()
+    assert "tiny_idempotent_replays_total 1.0" in text
+    assert 'tiny_idempotency_conflicts_total{status="422"} 1.0' in text
+    assert "tiny_idempotency_keys 1.0" in text
+
+
+def test_two_processes_receiving_the_same_key_at_once_write_one_copy(tmp_path: Path) -> None:
+    """20 connections send the same keyed batch at the same moment; both workers get some."""
+    with Server(tmp_path / "data", processes=2) as server:
+        for batch in range(5):
+            barrier = threading.Barrier(20)
+            answers: list[tuple[int, bool, bytes]] = []
+
+            def send(
+                batch: int = batch,
+                barrier: threading.Barrier = barrier,
+                answers: list[tuple[int, bool, bytes]] = answers,
+            ) -> None:
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+                barrier.wait()
+                conn.request("POST", "/ingest", body_of(batch), key(batch))
+                response = conn.getresponse()
+                answers.append((response.status, response.getheader("Idempotent-Replayed") == "true", response.read()))
+                conn.close()
+
+            threads = [threading.Thread(target=send) for _ in range(20)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            assert [status for status, _, _ in answers] == [200] * 20
+            assert sum(not replayed for _, replayed, _ in answers) == 1  # one wrote, 19 replayed its answer
+            assert len({body for _, _, body in answers}) == 1
+    assert_exactly_once(tmp_path / "data", {batch: body_of(batch) for batch in range(5)})
+
+
+def _post_until_200(port: int, body: bytes, headers: dict[str, str], deadline: float) -> int:
+    """POST until a 200 (no answer, 502 or 503: send again, the same key); the attempts."""
+    attempts = 0
+    while time.monotonic() < deadline:
+        attempts += 1
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("POST", "/ingest", body, headers)
+            response = conn.getresponse()
+            response.read()
+            conn.close()
+            if response.status == 200:
+                return attempts
+            assert response.status in (502, 503), response.status
+        except (OSError, http.client.HTTPException):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("a batch never got its 200")
+
+
+def _clients(port: int, clients: int, enough: threading.Event, timeout: float = 120) -> dict[int, int]:
+    """``clients`` threads post numbered batches (two days each) with keys, each until it is
+    acknowledged, and take no new batch once ``enough`` is set; the attempts per batch."""
+    attempts: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+    numbers = iter(range(10**6))
+    lock = threading.Lock()
+
+    def client() -> None:
+        while not enough.is_set():
+            with lock:
+                batch = next(numbers)
+            days = ("2014-05-04", "2014-05-05")
+            attempts[batch] = _post_until_200(port, body_of(batch, days=days), key(batch), deadline)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 15)
+    return attempts
+
+
+@pytest.mark.parametrize(
+    "point, durability",
+    [
+        ("before-writes", "write"),
+        ("between-writes", "write"),
+        ("after-writes", "write"),
+        ("after-commit", "write"),
+        ("between-writes", "fsync"),
+        ("after-writes", "fsync"),
+    ],
+)
+def test_kill9_inside_the_flush_then_retries_leave_every_batch_exactly_once(
+    tmp_path: Path, point: str, durability: str, figures: dict[str, object]
+) -> None:
+    """Workers SIGKILL themselves at a point of one flush in five (injected), under 4 clients
+    that retry each batch, with its key, until it is acknowledged."""
+    data = tmp_path / "data"
+    enough = threading.Event()
+    env = {"TINY_CRASH_AT": f"{point}:0.2", "TINY_DURABILITY": durability}
+    with Server(data, processes=2, env=env) as server:
+        threading.Timer(3.0, enough.set).start()
+        attempts = _clients(server.port, clients=4, enough=enough)
+        crashes = server.log().count("crash test: killing this process")
+    figures.update(
+        case=f"kill -9 {point} (1 flush in 5) for 3 s, durability {durability}",
+        batches=len(attempts),
+        crashes=crashes,
+        retries=sum(attempts.values()) - len(attempts),
+    )
+    assert crashes >= 2
+    days = ("2014-05-04", "2014-05-05")
+    assert_exactly_once(data, {batch: body_of(batch, days=days) for batch in attempts})
+
+
+def test_kill9_of_workers_at_random_moments_leaves_every_batch_exactly_once(
+    tmp_path: Path, figures: dict[str, object]
+) -> None:
+    data = tmp_path / "data"
+    enough = threading.Event()
+    kills = []
+    with Server(data, processes=2) as server:
+
+        def killer() -> None:
+            while len(kills) < 6 and not enough.wait(random.uniform(0.3, 0.8)):
+                pids = worker_pids(server)
+                if pids:
+                    victim = random.choice(sorted(pids))
+                    try:
+                        os.kill(victim, signal.SIGKILL)
+                        kills.append(victim)
+                    except ProcessLookupError:
+                        pass
+            enough.set()
+
+        thread = threading.Thread(target=killer)
+        thread.start()
+        try:
+            attempts = _clients(server.port, clients=4, enough=enough)
+        finally:
+            enough.set()
+            thread.join(5)
+    figures.update(
+        case="6 kill -9 of random workers, 0.3-0.8 s apart",
+        batches=len(attempts),
+        kills=len(kills),
+        retries=sum(attempts.values()) - len(attempts),
+    )
+    assert len(kills) == 6 and len(attempts) > 50
+    days = ("2014-05-04", "2014-05-05")
+    assert_exactly_once(data, {batch: body_of(batch, days=days) for batch in attempts})
