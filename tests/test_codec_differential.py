@@ -1,13 +1,13 @@
-"""The compiled codec (``tiny_codec``, Rust) against the reference codec, value for value.
+"""The compiled codec (``tiny._codec``, Rust) against the reference codec, value for value.
 
-For every body: ``tiny_codec.encode(body) == tuple(encode_reference(body))`` — the same day
+For every body: ``_codec.encode(body) == tuple(encode_reference(body))`` — the same day
 keys, the same CSV bytes per day, the same rejects (line number, reason, raw bytes), the
 same counts. The reference's JSON oracle is orjson, so the hostile lines below aim at the
 places where a hand-written scanner could disagree with it: types, integer range, dates,
 escapes, surrogates, control characters, length limits, duplicate and escaped keys,
 nesting depth, float overflow, invalid UTF-8, CRLF and blank lines, truncation.
 
-Skipped when ``tiny_codec`` is not importable (build it with ``make codec``).
+Skipped when ``tiny._codec`` is not importable (build it with ``make codec``).
 ``TINY_FUZZ_EXAMPLES`` raises the number of examples per property.
 """
 
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from tiny.codec import COLUMNS, STRING_FIELDS, encode_reference
 from tiny.cranlog import ndjson_lines
 
-tiny_codec = pytest.importorskip("tiny_codec", reason="tiny_codec (the Rust codec) is not built: run `make codec`")
+_codec = pytest.importorskip("tiny._codec", reason="tiny._codec (the Rust codec) is not built: run `make codec`")
 
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared/data/cran-logs/2014-05-04.csv.gz"
 EXAMPLES = int(os.environ.get("TINY_FUZZ_EXAMPLES", "100"))
@@ -37,7 +37,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[Hea
 
 def assert_same(body: bytes) -> None:
     expected = tuple(encode_reference(body))
-    got = tiny_codec.encode(body)
+    got = _codec.encode(body)
     assert type(got) is tuple and len(got) == 4
     days, rejects, valid, invalid = got
     assert list(days) == list(expected[0]), "day keys (and their order)"

@@ -15,10 +15,10 @@ holds them equal):
 A line is valid when it is a UTF-8 JSON object whose fields pass :func:`encode_record`'s
 rules (docs in README "Records"). The function never raises for any input bytes.
 
-:data:`encode` is the compiled codec (the ``tiny_codec`` extension, Rust, built from
-rust/tiny_codec by ``make codec``) when it is importable, and the pure-Python
-:func:`encode_reference` otherwise; :data:`CODEC` names the one in use ("rust" or
-"python"). ``TINY_CODEC=python`` forces the reference codec.
+:data:`encode` is the compiled codec (the ``tiny._codec`` extension module, Rust, built from
+rust/tiny_codec by ``pip install .`` or, in the source tree, ``make codec``) when it is
+importable, and the pure-Python :func:`encode_reference` otherwise; :data:`CODEC` names the
+one in use ("rust" or "python"). ``TINY_CODEC=python`` forces the reference codec.
 """
 
 from __future__ import annotations
@@ -182,10 +182,10 @@ def _select() -> tuple[str, Callable[[bytes], Batch]]:
     if os.environ.get("TINY_CODEC", "").lower() in ("python", "reference"):
         return "python", encode_reference
     try:
-        import tiny_codec  # type: ignore[import-not-found]
+        from tiny import _codec
     except ImportError:
         return "python", encode_reference
-    compiled: Callable[[bytes], tuple[dict[str, bytes], list[tuple[int, str, bytes]], int, int]] = tiny_codec.encode
+    compiled = _codec.encode
 
     def encode_compiled(body: bytes) -> Batch:
         return Batch(*compiled(body))

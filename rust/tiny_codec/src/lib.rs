@@ -1,6 +1,7 @@
-//! `tiny_codec`: the compiled codec of Tiny Data Server.
+//! `tiny_codec`: the compiled codec of Tiny Data Server, built as the Python extension
+//! module `tiny._codec` of the `tiny-data-server` package (the top-level pyproject.toml).
 //!
-//! `tiny_codec.encode(body: bytes) -> (days, rejects, valid, invalid)` returns exactly what
+//! `tiny._codec.encode(body: bytes) -> (days, rejects, valid, invalid)` returns exactly what
 //! `tiny.codec.encode_reference(body)` returns (as a plain tuple; tiny/codec.py wraps it in
 //! `Batch`), for any input bytes, and never raises for bytes input.
 //!
@@ -45,8 +46,11 @@ mod python {
         (days, rejects, encoded.valid, invalid).into_pyobject(py)
     }
 
+    /// `tiny._codec`: maturin names the shared library after the last part of the
+    /// module-name in pyproject.toml, and Python looks for `PyInit__codec` in it.
     #[pymodule]
-    fn tiny_codec(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    #[pyo3(name = "_codec")]
+    fn codec_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(encode, m)?)?;
         Ok(())
     }
