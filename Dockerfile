@@ -1,44 +1,66 @@
-# The Tiny Data Server app image: python app.py on 0.0.0.0:8000, data in the /data volume.
+# The Tiny Data Server images: tiny-data-server on 0.0.0.0:8000, data in the /data volume.
 #
-#   docker compose up --scale tiny=4     # with nginx in front (docker-compose.yml)
-#   make images-offline                  # both images with no registry (docker/build-offline.sh)
+#   docker build --target ingest -t tiny:ingest .         # /ingest, /healthz, /metrics (tornado, orjson,
+#                                                         # prometheus-client, tiny + its compiled codec)
+#   docker build --target analytics -t tiny:analytics .   # the same + polars and matplotlib for the
+#                                                         # dashboard and /api (the default target)
+#   docker compose up --scale tiny=4                      # with nginx in front (docker-compose.yml)
+#   make images-offline                                   # with no registry (docker/build-offline.sh)
 #
-# BASE_IMAGE: any Debian-like image with Python 3.11 and its venv module; python:3.11-slim
-# from Docker Hub, or the Debian root that docker/build-offline.sh imports.
-# Wheels: build/wheels (filled on the host by `make images-offline`; absent in a fresh clone)
-# is copied in when it exists. OFFLINE=1 installs from it alone (--no-index); otherwise pip
-# uses PyPI. The compiled codec (tiny_codec, from `make codec`) is installed when its wheel is
-# in build/wheels; without it the app uses its pure-Python codec (/healthz says which).
+# Stages: `builder` installs Rust (Debian's packages) and maturin, builds the wheel of the package
+# (tiny + tiny._codec) and /venv with requirements.txt's pins and that wheel; `analytics-builder`
+# adds requirements-analytics.txt to that /venv; `runtime` is the user, entrypoint and settings;
+# `ingest` and `analytics` are runtime + the /venv of their builder. No compiler, cargo, pip or
+# crate reaches a final image. `ingest` comes first so that the legacy builder, which builds every
+# stage up to the target, never builds analytics-builder for it.
+#
+# BASE_IMAGE: any Debian-like image with Python 3.11 and its venv module whose apt sources carry
+# Rust >= 1.85 (rustc-web or rustc): python:3.11-slim from Docker Hub, or the Debian bookworm root
+# that docker/build-offline.sh imports. The builder reaches PyPI and crates.io; build/extra-ca.pem,
+# when present in the context (a TLS-intercepting proxy), is trusted by its pip and cargo, besides
+# the base's CAs, and stays in the builder.
 ARG BASE_IMAGE=python:3.11-slim
-FROM ${BASE_IMAGE}
 
-ARG OFFLINE=0
-# requirements.txt and build/wheels/* land side by side; the wildcard lets build/wheels be absent
-COPY requirements.txt build/wheel[s] /tmp/wheels/
-# One RUN: the legacy builder costs seconds per instruction. The venv gets no pip of its own
-# (ensurepip takes 6 s and 12 MB): the base's pip installs into it, or, on Debian's python3
-# without pip, pip run from Debian's bundled wheel.
+FROM ${BASE_IMAGE} AS builder
+# the wildcard lets build/extra-ca.pem be absent
+COPY docker/build-toolchain.sh build/extra-ca.pe[m] /opt/build/
+RUN /opt/build/build-toolchain.sh
+ENV PIP_CERT=/opt/build/ca.pem \
+    SSL_CERT_FILE=/opt/build/ca.pem \
+    CARGO_HTTP_CAINFO=/opt/build/ca.pem \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+# /opt/tools: pip and the pinned maturin, for building only. /venv, what the images get: no pip of
+# its own (ensurepip takes 6 s and 12 MB), /opt/tools' pip installs into it.
+COPY requirements.txt requirements-dev.txt /src/
 RUN set -eu; \
+    python3 -m venv /opt/tools; \
+    /opt/tools/bin/pip install -q "$(grep -E '^maturin==' /src/requirements-dev.txt)"; \
     python3 -m venv --without-pip /venv; \
-    if python3 -m pip --version >/dev/null 2>&1; then pip="python3 -m pip --python /venv/bin/python"; \
-    else pip="/venv/bin/python $(ls /usr/share/python-wheels/pip-*.whl | tail -n 1)/pip"; fi; \
-    index=""; [ "$OFFLINE" = 1 ] && index="--no-index"; \
-    $pip install --no-cache-dir --disable-pip-version-check --root-user-action=ignore $index --find-links /tmp/wheels \
-        -r /tmp/wheels/requirements.txt; \
-    codec=$(ls -t /tmp/wheels/tiny_codec-*.whl 2>/dev/null | head -n 1 || true); \
-    if [ -n "$codec" ]; then \
-        $pip install --no-cache-dir --disable-pip-version-check --root-user-action=ignore --no-index --no-deps "$codec" \
-        || echo "$codec does not install here: the image uses the Python codec" >&2; \
-    fi; \
-    rm -rf /tmp/wheels; \
+    /opt/tools/bin/pip --python /venv/bin/python install -q -r /src/requirements.txt
+WORKDIR /src
+# The crate first, built once with a placeholder package: its crates and compiled dependencies
+# stay in this layer, so that a change to tiny/*.py alone does not compile Rust again.
+COPY pyproject.toml /src/
+COPY rust/tiny_codec /src/rust/tiny_codec/
+RUN set -eu; \
+    mkdir tiny; touch tiny/__init__.py; \
+    /opt/tools/bin/maturin build --release --locked --interpreter /venv/bin/python -o /tmp/warm; \
+    rm -rf tiny /tmp/warm
+COPY tiny /src/tiny/
+RUN set -eu; \
+    /opt/tools/bin/maturin build --release --locked --interpreter /venv/bin/python -o /wheels; \
+    /opt/tools/bin/pip --python /venv/bin/python install -q /wheels/tiny_data_server-*.whl; \
+    ls -l /wheels
+
+FROM ${BASE_IMAGE} AS runtime
+RUN set -eu; \
     echo 'tiny:x:10001:10001:Tiny Data Server:/app:/usr/sbin/nologin' >> /etc/passwd; \
     echo 'tiny:x:10001:' >> /etc/group; \
     mkdir -p /data; \
     chown 10001:10001 /data
-
-COPY docker/entrypoint.sh app.py /app/
-COPY tiny /app/tiny/
-
+COPY docker/entrypoint.sh /app/
 ENV PATH=/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -54,6 +76,19 @@ USER 10001:10001
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
     CMD ["/venv/bin/python", "-S", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('TINY_PORT', '8000'), timeout=2)"]
 # The entrypoint only changes user when started as root (see docker/entrypoint.sh), then execs
-# the app, which handles SIGTERM (drain, exit 0) from its first import on.
+# the app (the package's console script, tiny.main), which handles SIGTERM (drain, exit 0) from
+# its first import on.
 ENTRYPOINT ["/app/entrypoint.sh"]
-CMD ["python", "/app/app.py"]
+CMD ["tiny-data-server"]
+
+# The ingest server alone: /api and the dashboard need polars and matplotlib (analytics).
+FROM runtime AS ingest
+COPY --from=builder /venv /venv
+
+FROM builder AS analytics-builder
+COPY requirements-analytics.txt /src/
+RUN /opt/tools/bin/pip --python /venv/bin/python install -q -r /src/requirements-analytics.txt
+
+# Everything: ingest + the analytics API and dashboard. The last stage, so the default target.
+FROM runtime AS analytics
+COPY --from=analytics-builder /venv /venv

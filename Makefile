@@ -13,7 +13,7 @@ ARGS   ?=
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(BIN)/.installed: requirements.txt requirements-dev.txt
+$(BIN)/.installed: requirements.txt requirements-analytics.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements-dev.txt
@@ -21,14 +21,16 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt
 
 venv: $(BIN)/.installed ## create .venv from the pinned requirements (done by run and test)
 
-CODEC_SOURCES := $(wildcard rust/tiny_codec/src/*.rs) rust/tiny_codec/Cargo.toml rust/tiny_codec/Cargo.lock
+# `maturin develop --skip-install` (pyproject.toml's [tool.maturin]) builds tiny._codec and puts
+# it in tiny/ itself (git-ignored *.so), where `python app.py` and pytest import it from here.
+CODEC_SOURCES := $(wildcard rust/tiny_codec/src/*.rs) rust/tiny_codec/Cargo.toml rust/tiny_codec/Cargo.lock pyproject.toml
 $(VENV)/.codec: $(BIN)/.installed $(CODEC_SOURCES)
 	@if command -v cargo >/dev/null 2>&1; then \
-	  $(BIN)/maturin build --release -m rust/tiny_codec/Cargo.toml --target-dir rust/target -o build/wheels && \
-	  $(BIN)/pip install -q --force-reinstall --no-deps build/wheels/tiny_codec-*.whl && touch $@; \
+	  VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop --release --locked --skip-install --target-dir rust/target && \
+	  touch $@; \
 	else echo "no cargo here: the pure-Python reference codec will run (make codec needs a Rust toolchain)"; fi
 
-codec: $(VENV)/.codec ## build the compiled codec (Rust/PyO3, needs cargo) into .venv and build/wheels
+codec: $(VENV)/.codec ## build the compiled codec (Rust/PyO3, needs cargo) into tiny/ (tiny._codec)
 
 run: venv codec ## serve on 127.0.0.1:8000 (data in ./data); pass flags as ARGS="--processes 2"
 	$(BIN)/python app.py $(ARGS)
@@ -48,7 +50,7 @@ check: venv ## ruff (lint and format) and mypy
 test: venv codec sysdeps check ## the whole suite: cargo's unit tests, the Python codec's run, then everything on the installed codec
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory compose-v2; fi
 	@if command -v cargo >/dev/null 2>&1; then cd rust/tiny_codec && cargo test -q --lib --target-dir ../target; fi
-	@if $(BIN)/python -c "import tiny_codec" 2>/dev/null; then \
+	@if $(BIN)/python -c "import tiny._codec" 2>/dev/null; then \
 	  echo "== the HTTP contract on the pure-Python reference codec (TINY_CODEC=python) =="; \
 	  TINY_CODEC=python $(BIN)/python -m pytest -q app_tests.py tests/test_handlers.py tests/test_fuzz_http.py; fi
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -75,6 +77,6 @@ bench-quick: venv codec sysdeps ## a smoke run of the benchmark harness (~4 min)
 	$(BIN)/python bench/report.py --results bench/results/quick/results.json
 
 clean: ## remove .venv, build output and caches (keeps ./data)
-	rm -rf $(VENV) build var .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) build var .pytest_cache .ruff_cache .mypy_cache .hypothesis tiny/_codec*.so
 
 -include mk/*.mk

@@ -19,7 +19,7 @@ Variants:
 - ``reference+msgspec`` (when msgspec is installed): the same with ``msgspec.json.decode``
   instead of orjson. Only a speed comparison: on hostile input msgspec's JSON edge cases
   (integer range, depth) differ from orjson's, so it is not a drop-in codec.
-- ``tiny_codec``: the Rust extension (``make codec``), returning the same values as the
+- ``tiny_codec``: the Rust extension ``tiny._codec`` (``make codec``), returning the same values as the
   reference; checked equal to it on every body before timing.
 """
 
@@ -101,11 +101,11 @@ def variants() -> dict[str, Codec]:
     if with_msgspec is not None:
         found["reference+msgspec"] = with_msgspec
     try:
-        import tiny_codec
+        from tiny import _codec
     except ImportError:
-        print("tiny_codec is not importable (run `make codec`): measuring the Python variants only", file=sys.stderr)
+        print("tiny._codec is not importable (run `make codec`): measuring the Python variants only", file=sys.stderr)
     else:
-        found["tiny_codec"] = tiny_codec.encode
+        found["tiny_codec"] = _codec.encode
     return found
 
 

@@ -1,31 +1,39 @@
 #!/usr/bin/env bash
 # Usage: docker/build-offline.sh          (or `make images-offline`, from the repo root)
 #
-# Builds the two images docker-compose.yml runs, tiny-data-server:local and
-# tiny-data-server-nginx:local, where Docker cannot pull from a registry (only Debian's
-# mirror and PyPI are reachable, and PyPI from the host only):
+# Builds the images docker-compose.yml runs, tiny-data-server-<target>:local and
+# tiny-data-server-nginx:local, where Docker cannot pull from a registry (only a Debian mirror,
+# PyPI and crates.io are reachable, the last two through a CA only the host's bundle has):
 #   1. base: mmdebstrap streams a Debian bookworm minbase root with python3, python3-venv
 #      and ca-certificates into `docker import` (skipped when the tag exists already);
-#   2. wheels: the host's pip downloads requirements.txt's pinned wheels into build/wheels
-#      (skipped when they are there), and `make codec` builds the compiled codec's wheel
-#      there when cargo is installed;
-#   3. `docker build` of both images on that base, the app installing from build/wheels only.
+#   2. the Dockerfile's target(s) on that base, with the host's CA bundle as build/extra-ca.pem,
+#      which the builder stage's pip and cargo trust: it installs Rust from Debian (rustc-web),
+#      maturin from PyPI, the crates from crates.io, and builds the package's wheel (tiny + the
+#      compiled codec tiny._codec). The host needs neither cargo nor pip for it;
+#   3. the nginx image on the same base.
 # No root fs or tarball is written to disk (build/ is git-ignored anyway). Then:
-#   docker compose up --no-build --scale tiny=4
+#   docker compose up --no-build --scale tiny=4       (TINY_IMAGE_TARGET as for the build)
 #
 # Environment:
+#   TINY_IMAGE_TARGET  the Dockerfile target compose runs: analytics (default) or ingest
+#   TARGETS       targets to build (default: $TINY_IMAGE_TARGET), e.g. TARGETS="ingest analytics"
+#   IMAGE_PREFIX  (default tiny-data-server): target T is tagged $IMAGE_PREFIX-T:$IMAGE_TAG
+#   IMAGE_TAG     (default local)              NGINX_IMAGE (default $IMAGE_PREFIX-nginx:$IMAGE_TAG)
 #   BASE_IMAGE    base image tag (default tiny-base:bookworm); REBUILD_BASE=1 rebuilds it
-#   APP_IMAGE     (default tiny-data-server:local)    NGINX_IMAGE (default tiny-data-server-nginx:local)
-#   MIRROR        Debian mirror (default: the host's apt source for bookworm, else deb.debian.org)
-#   CODEC=0       leave the compiled codec out (the image then uses the Python codec)
-#   PYTHON        python whose pip downloads the wheels (default .venv/bin/python, else python3)
+#   MIRROR        Debian mirror for the base (default: the host's apt source for bookworm)
+#   SECURITY_MIRROR  the same for bookworm-security (default: the host's; "none" leaves it out)
+#   CA_BUNDLE     CA file the builder trusts besides the base's (default: the host's
+#                 /etc/ssl/certs/ca-certificates.crt; "none": only the base's own CAs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BASE_IMAGE=${BASE_IMAGE:-tiny-base:bookworm}
-APP_IMAGE=${APP_IMAGE:-tiny-data-server:local}
-NGINX_IMAGE=${NGINX_IMAGE:-tiny-data-server-nginx:local}
-WHEELS=build/wheels
+TARGETS=${TARGETS:-${TINY_IMAGE_TARGET:-analytics}}
+IMAGE_PREFIX=${IMAGE_PREFIX:-tiny-data-server}
+IMAGE_TAG=${IMAGE_TAG:-local}
+NGINX_IMAGE=${NGINX_IMAGE:-$IMAGE_PREFIX-nginx:$IMAGE_TAG}
+CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+EXTRA_CA=build/extra-ca.pem
 SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
 started=$SECONDS
 
@@ -42,11 +50,20 @@ build_base() {
         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
             mmdebstrap debian-archive-keyring >/dev/null
     fi
-    local mirror security
+    local mirror security sources
     mirror=${MIRROR:-$(apt_source bookworm)}
-    mirror=${mirror:-http://deb.debian.org/debian}
-    security=$(apt_source bookworm-security)
-    security=${security:-http://deb.debian.org/debian-security}
+    if [ -z "$mirror" ]; then
+        echo "error: no Debian mirror for bookworm: the host's apt sources name none; set MIRROR=<url>" >&2
+        exit 1
+    fi
+    security=${SECURITY_MIRROR:-$(apt_source bookworm-security)}
+    if [ -z "$security" ]; then
+        echo "error: no mirror for bookworm-security: the host's apt sources name none; set" \
+            "SECURITY_MIRROR=<url>, or SECURITY_MIRROR=none to build the base without security updates" >&2
+        exit 1
+    fi
+    sources=("deb $mirror bookworm main" "deb $mirror bookworm-updates main")
+    [ "$security" = none ] || sources+=("deb $security bookworm-security main")
     # merged-usr hook: without it the root pulls in usrmerge and perl (+48 MB).
     # path-exclude: no man pages, docs (copyrights stay) or translations, in this root and in
     # whatever later images apt-get installs on it. The stdlib's __pycache__ stays: without
@@ -61,33 +78,13 @@ build_base() {
         --dpkgopt='path-include=/usr/share/doc/*/copyright' \
         --dpkgopt='path-exclude=/usr/share/locale/*' \
         --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin "$1"/var/log/*.log; : > "$1"/etc/resolv.conf' \
-        bookworm - \
-        "deb $mirror bookworm main" "deb $mirror bookworm-updates main" "deb $security bookworm-security main" |
+        bookworm - "${sources[@]}" |
         docker import \
             -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
             -c 'ENV LANG=C.UTF-8' \
             -c 'CMD ["/usr/bin/python3"]' \
             -m "Debian bookworm minbase + python3 (docker/build-offline.sh)" \
             - "$BASE_IMAGE"
-}
-
-# True when build/wheels holds a wheel for every pin of requirements.txt.
-have_wheels() {
-    local name version
-    while IFS='=' read -r name _ version; do
-        name=$(echo "$name" | tr 'A-Z-' 'a-z_')
-        compgen -G "$WHEELS/${name}-${version}-*.whl" >/dev/null || return 1
-    done < <(grep -E '^[A-Za-z0-9_.-]+==' requirements.txt | sed 's/[[:space:]]*#.*//')
-}
-
-download_wheels() {
-    local python=${PYTHON:-}
-    [ -n "$python" ] || { [ -x .venv/bin/python ] && python=.venv/bin/python; } || python=python3
-    local arch
-    arch=$(uname -m)
-    "$python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
-        --platform "manylinux2014_$arch" --platform "manylinux_2_17_$arch" --platform "manylinux_2_28_$arch" \
-        --python-version 3.11 --implementation cp -d "$WHEELS" -r requirements.txt
 }
 
 # The engine's own BuildKit halves build times; a docker CLI without buildx (23+) cannot use
@@ -115,23 +112,30 @@ else
     build_base
 fi
 
-step "wheels in $WHEELS"
-mkdir -p "$WHEELS"
-if have_wheels; then
-    echo "every pin of requirements.txt is there"
+step "CA for the build: $EXTRA_CA"
+mkdir -p build
+if [ "$CA_BUNDLE" = none ]; then
+    rm -f "$EXTRA_CA"
+    echo "none: the builder trusts only the base's CAs"
+elif [ -r "$CA_BUNDLE" ]; then
+    cmp -s "$CA_BUNDLE" "$EXTRA_CA" 2>/dev/null || cp "$CA_BUNDLE" "$EXTRA_CA"
+    echo "$CA_BUNDLE"
 else
-    download_wheels
+    echo "error: CA_BUNDLE=$CA_BUNDLE is not readable (CA_BUNDLE=none: only the base's CAs)" >&2
+    exit 1
 fi
-if [ "${CODEC:-1}" != 0 ] && command -v cargo >/dev/null && make -n codec >/dev/null 2>&1; then
-    make codec || echo "warning: make codec failed; the image gets the wheel already in $WHEELS, if any" >&2
-fi
-ls "$WHEELS"
 
-step "app image $APP_IMAGE"
-docker_build --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg OFFLINE=1 -t "$APP_IMAGE" .
+built=()
+for target in $TARGETS; do
+    step "$target image $IMAGE_PREFIX-$target:$IMAGE_TAG"
+    docker_build --build-arg "BASE_IMAGE=$BASE_IMAGE" --target "$target" -t "$IMAGE_PREFIX-$target:$IMAGE_TAG" .
+    built+=("$IMAGE_PREFIX-$target:$IMAGE_TAG")
+done
 
 step "nginx image $NGINX_IMAGE"
 docker_build --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$NGINX_IMAGE" nginx
 
 step "done"
-docker image ls --format '{{.Repository}}:{{.Tag}}  {{.Size}}' | grep -E "^($BASE_IMAGE|$APP_IMAGE|$NGINX_IMAGE)  " || true
+for image in "$BASE_IMAGE" "${built[@]}" "$NGINX_IMAGE"; do
+    docker image ls --format '{{.Repository}}:{{.Tag}}  {{.Size}}' "$image"
+done

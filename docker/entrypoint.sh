@@ -1,5 +1,5 @@
 #!/bin/sh
-# Usage: entrypoint.sh COMMAND [ARG...]   (the app image's ENTRYPOINT; CMD is python /app/app.py)
+# Usage: entrypoint.sh COMMAND [ARG...]   (the app image's ENTRYPOINT; CMD is tiny-data-server)
 #
 # Started as a non-root user (the image's default, USER tiny = 10001), it just execs COMMAND.
 # Started as root (docker-compose.yml sets `user: root`), it execs COMMAND as the owner of

@@ -15,7 +15,7 @@ cluster: venv sysdeps ## nginx on 127.0.0.1:8888 over TINY_CLUSTER_SIZE (4) inst
 cluster-stop: ## stop a running `make cluster` (drains every instance, then exits)
 	supervisorctl -c $(SUPERVISOR_CONF) shutdown
 
-images-offline: venv ## build the app and nginx images without a registry (Debian root + host-downloaded wheels)
+images-offline: ## build the app (TINY_IMAGE_TARGET, default analytics) and nginx images without a registry (Debian root)
 	docker/build-offline.sh
 
 test-docker: venv ## the docker compose test: images-offline, up --scale tiny=4, scale 2 and 4, stop

@@ -1,13 +1,13 @@
-"""The compiled codec (``tiny_codec``, Rust) against the reference codec, value for value.
+"""The compiled codec (``tiny._codec``, Rust) against the reference codec, value for value.
 
-For every body: ``tiny_codec.encode(body) == tuple(encode_reference(body))`` — the same day
+For every body: ``_codec.encode(body) == tuple(encode_reference(body))`` — the same day
 keys, the same CSV bytes per day, the same rejects (line number, reason, raw bytes), the
 same counts. The reference's JSON oracle is orjson, so the hostile lines below aim at the
 places where a hand-written scanner could disagree with it: types, integer range, dates,
 escapes, surrogates, control characters, length limits, duplicate and escaped keys,
 nesting depth, float overflow, invalid UTF-8, CRLF and blank lines, truncation.
 
-Skipped when ``tiny_codec`` is not importable (build it with ``make codec``).
+Skipped when ``tiny._codec`` is not importable (build it with ``make codec``).
 ``TINY_FUZZ_EXAMPLES`` raises the number of examples per property.
 """
 
@@ -29,7 +29,7 @@ from tiny.cranlog import ndjson_lines
 from tiny.layout import COLUMNS
 from tiny.testing import SAMPLE_DAY
 
-tiny_codec = pytest.importorskip("tiny_codec", reason="tiny_codec (the Rust codec) is not built: run `make codec`")
+_codec = pytest.importorskip("tiny._codec", reason="tiny._codec (the Rust codec) is not built: run `make codec`")
 
 SAMPLE = SAMPLE_DAY
 EXAMPLES = int(os.environ.get("TINY_FUZZ_EXAMPLES", "100"))
@@ -38,7 +38,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[Hea
 
 def assert_same(body: bytes, *limits: int) -> None:
     expected = tuple(encode_reference(body, *limits))
-    got = tiny_codec.encode(body, *limits)
+    got = _codec.encode(body, *limits)
     assert type(got) is tuple and len(got) == 5
     days, rejects, valid, invalid, omitted = got
     assert list(days) == list(expected[0]), "day keys (and their order)"
@@ -615,4 +615,4 @@ def test_a_body_of_many_days_and_many_bad_lines_matches_at_the_default_limits() 
 def test_digest_matches(body: bytes) -> None:
     from tiny.codec import digest_reference
 
-    assert tiny_codec.digest(body) == digest_reference(body)
+    assert _codec.digest(body) == digest_reference(body)

@@ -24,7 +24,7 @@ from tests.support import ROOT, Load, http_get, record
 from tiny.testing import compose_variants, docker_unavailable, free_port
 
 _TIMEOUT = 10.0
-_BUILD_TIMEOUT = 900.0  # a cold `make images-offline` (Debian root, both images) takes about a minute
+_BUILD_TIMEOUT = 900.0  # a cold `make images-offline` (Debian root, Rust codec, app + nginx) takes about 5 min
 
 
 def _run(args: list[str], timeout: float = 120.0, **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -49,7 +49,8 @@ class Stack:
         self.port = free_port()
         self.data = home / "data"
         self.data.mkdir()
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TINY_")}
+        # TINY_IMAGE_TARGET stays: `make images-offline` built that target's image
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TINY_") or k == "TINY_IMAGE_TARGET"}
         self.env.update(
             TINY_DATA_DIR=str(self.data),
             TINY_HTTP_PORT=str(self.port),
@@ -212,7 +213,7 @@ def _app_processes(container: str) -> list[int]:
     """Host pids of the app's processes in ``container`` (its parent and workers; not init, nor
     a health check that `docker exec` runs as root meanwhile)."""
     top = _run(["docker", "top", container, "-eo", "pid,args"], timeout=30).stdout.splitlines()[1:]
-    return [int(line.split()[0]) for line in top if "app.py" in line and "docker-init" not in line]
+    return [int(line.split()[0]) for line in top if "tiny-data-server" in line and "docker-init" not in line]
 
 
 @pytest.mark.hardening("around 8: the containers ran with a writable root and default capabilities")

@@ -13,9 +13,9 @@ from tiny import codec
 
 CODECS: dict[str, Callable[..., tuple[Any, ...]]] = {"python": codec.encode_reference}
 try:
-    import tiny_codec  # type: ignore[import-not-found]
+    from tiny import _codec
 
-    CODECS["rust"] = tiny_codec.encode
+    CODECS["rust"] = _codec.encode
 except ImportError:
     pass
 

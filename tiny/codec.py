@@ -26,10 +26,10 @@ for any input bytes.
 body's length (8 bytes) and CRC-32 (4 bytes), big-endian. Not a cryptographic hash: it tells
 a retry of the same body from another body sent with the same key by mistake.
 
-:data:`encode` is the compiled codec (the ``tiny_codec`` extension, Rust, built from
-rust/tiny_codec by ``make codec``) when it is importable, and the pure-Python
-:func:`encode_reference` otherwise; :data:`CODEC` names the one in use ("rust" or
-"python"). ``TINY_CODEC=python`` forces the reference codec.
+:data:`encode` is the compiled codec (the ``tiny._codec`` extension module, Rust, built from
+rust/tiny_codec by ``pip install .`` or, in the source tree, ``make codec``) when it is
+importable, and the pure-Python :func:`encode_reference` otherwise; :data:`CODEC` names the
+one in use ("rust" or "python"). ``TINY_CODEC=python`` forces the reference codec.
 """
 
 from __future__ import annotations
@@ -227,15 +227,15 @@ def _select() -> tuple[str, Encode, Callable[[bytes], bytes]]:
     if os.environ.get("TINY_CODEC", "").lower() in ("python", "reference"):
         return "python", encode_reference, digest_reference
     try:
-        import tiny_codec  # type: ignore[import-not-found]
+        from tiny import _codec
     except ImportError:
         return "python", encode_reference, digest_reference
-    compiled = tiny_codec.encode
+    compiled = _codec.encode
 
     def encode_compiled(body: bytes, max_days: int = MAX_DAYS, max_rejects: int = MAX_REJECTS) -> Batch:
         return Batch(*compiled(body, max_days, max_rejects))
 
-    return "rust", encode_compiled, tiny_codec.digest
+    return "rust", encode_compiled, _codec.digest
 
 
 CODEC, encode, digest = _select()

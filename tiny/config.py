@@ -175,7 +175,6 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     environ = os.environ if environ is None else environ
     defaults = Config()
     parser = argparse.ArgumentParser(
-        prog="app.py",
         description="Tiny Data Server: POST NDJSON CRAN log records, get daily CSV files.",
         epilog="Every flag can also be set as an environment variable TINY_<FLAG>, e.g. TINY_PORT=8001.",
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import concurrent.futures
+import importlib.util
 import logging
 import multiprocessing
 import os
@@ -56,6 +57,10 @@ class DayNotFound(LookupError):
 
 class WhaleNotFound(LookupError):
     """The ip_id downloaded nothing on that day (answered 404)."""
+
+
+class Missing(RuntimeError):
+    """polars or matplotlib is not installed (the ingest-only image): answered 501."""
 
 
 class Busy(RuntimeError):
@@ -168,6 +173,9 @@ class Analytics:
         self._cache = _Cache(cache_bytes)
         self._pending: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
         self._names: tuple[int, list[str]] = (-1, [])  # (data dir mtime_ns, its day files' dates)
+        # Without them (`pip install .` without the analytics extra, the ingest image), every
+        # query but the day list is Missing: answered in the JSON shape, not a 500 from the pool.
+        self.installed = all(importlib.util.find_spec(name) for name in ("polars", "matplotlib"))
 
     @classmethod
     def from_config(cls, config: Config) -> Analytics:
@@ -320,6 +328,10 @@ class Analytics:
             self._pool = None
             broken.shutdown(wait=False, cancel_futures=True)
 
+    def _need_libraries(self) -> None:
+        if not self.installed:
+            raise Missing("polars and matplotlib are not installed here")
+
     async def _aggregate(self, date: str) -> dict[str, Any]:
         day = stat_day(self.data_dir, date)
         result: dict[str, Any] = await self._cached(day, ("aggregate",), compute.aggregate_job, day)
@@ -334,6 +346,7 @@ class Analytics:
 
     async def _cached(self, day: DayFile, query: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
         """``func(*args)`` in the pool, or its cached result for this version of the day file."""
+        self._need_libraries()
         found = self._cache.get(day, query)
         if found is not _MISSING:
             return found

@@ -10,7 +10,8 @@ sends it.
 
 Errors use the JSON shape of tiny.handlers.base: 400 bad date / ``top`` / ``limit`` /
 ``ip_id``, 401 token, 404 no such day (or ip_id on that day, or chart), 405 other methods,
-503 + Retry-After when too many analytics queries are queued, the analytics process died (it
+501 when polars and matplotlib are not installed (the ingest-only image; ``/api/days`` still
+answers), 503 + Retry-After when too many analytics queries are queued, the analytics process died (it
 is restarted on the next query) or has been stopped because the server is shutting down.
 """
 
@@ -71,6 +72,12 @@ class AnalyticsHandler(JSONHandler):
             raise APIError(404, f"ip_id {exc.args[0]} downloaded nothing that day") from None
         except service.Busy:
             raise APIError(503, "analytics are busy; try again", {"Retry-After": "1"}) from None
+        except service.Missing:
+            raise APIError(
+                501,
+                "this server has no analytics: polars and matplotlib are not installed "
+                "(use the analytics image, or pip install 'tiny-data-server[analytics]')",
+            ) from None
 
     def send_json(self, body: Any) -> None:
         """Finish with ``body`` as JSON (integers of any size: byte totals may pass 2^64)."""

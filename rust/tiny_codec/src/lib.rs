@@ -1,9 +1,10 @@
-//! `tiny_codec`: the compiled codec of Tiny Data Server.
+//! `tiny_codec`: the compiled codec of Tiny Data Server, built as the Python extension
+//! module `tiny._codec` of the `tiny-data-server` package (the top-level pyproject.toml).
 //!
-//! `tiny_codec.encode(body, max_days=16, max_rejects=1000) -> (days, rejects, valid, invalid,
+//! `tiny._codec.encode(body, max_days=16, max_rejects=1000) -> (days, rejects, valid, invalid,
 //! omitted)` returns exactly what `tiny.codec.encode_reference(body, max_days, max_rejects)`
 //! returns (as a plain tuple; tiny/codec.py wraps it in `Batch`), for any input bytes, and
-//! never raises for bytes input. `tiny_codec.digest(body) -> bytes` is
+//! never raises for bytes input. `tiny._codec.digest(body) -> bytes` is
 //! `tiny.codec.digest_reference(body)`: the body's length and CRC-32 (crc32fast, the same value
 //! as zlib's), the fingerprint an Idempotency-Key is stored with.
 //!
@@ -64,8 +65,11 @@ mod python {
         PyBytes::new(py, &out)
     }
 
+    /// `tiny._codec`: maturin names the shared library after the last part of the
+    /// module-name in pyproject.toml, and Python looks for `PyInit__codec` in it.
     #[pymodule]
-    fn tiny_codec(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    #[pyo3(name = "_codec")]
+    fn codec_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(encode, m)?)?;
         m.add_function(wrap_pyfunction!(digest, m)?)?;
         Ok(())

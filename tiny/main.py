@@ -1,0 +1,28 @@
+"""Tiny Data Server's entry point: parse the options, set up logging, serve.
+
+``python app.py`` (the repo's shim, also under ``kernprof -l app.py``) and the installed
+console script ``tiny-data-server`` both run :func:`main`.
+"""
+
+import logging
+import signal
+import sys
+
+# Until the server installs its own handlers, SIGTERM means "exit 0 now": nothing has been
+# accepted yet. (As PID 1 in a container, an unhandled SIGTERM would be ignored.) Set on import,
+# before the heavy imports below, as both entry points import this module first.
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+
+from tiny import config, prefork  # noqa: E402
+
+
+def main() -> int:
+    options = config.parse()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
+    # 4xx are logged by tiny.handlers.base with their reason; an access line per request costs speed
+    logging.getLogger("tornado.access").setLevel(logging.ERROR)
+    return prefork.serve(options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
