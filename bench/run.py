@@ -640,6 +640,14 @@ def experiments(cores: int = CORES) -> dict[str, tuple[str, list[Arm]]]:
                 Arm(f"nginx-{n}-nobuf", "1600", 16, True),
             ],
         ),
+        "python": (
+            "tiny-1 on the pure-Python reference codec vs seed-1 at c=8 -k, 1,600-record bodies (target 2x)",
+            [
+                Arm("seed-1", "1600", 8, True),
+                Arm("tiny-1-python", "1600", 8, True),
+                Arm("tiny-1", "1600", 8, True),
+            ],
+        ),
         "latency": (
             f"p99 at c=16 without -k (the seed's mean was 23.4 ms on 8 cores): tiny-{n} and tiny-1",
             [Arm(f"tiny-{n}", "1600", 16, False), Arm("tiny-1", "1600", 16, False)],

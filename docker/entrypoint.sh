@@ -8,10 +8,13 @@
 #   - data dir owned by a non-root uid: run as that uid and gid;
 #   - owned by root and empty (Docker created it for the bind mount): hand it to tiny (10001);
 #   - owned by root and not empty: stay root (its files are root's), and say so.
+# Whichever way, the app runs with no_new_privs set (setpriv --no-new-privs): no setuid
+# program or file capability can give it privileges, also where the orchestrator does not
+# apply the compose file's `security_opt: no-new-privileges` (Swarm ignores it).
 set -eu
 
 if [ "$(id -u)" != 0 ]; then
-    exec "$@"
+    exec setpriv --no-new-privs -- "$@"
 fi
 dir=${TINY_DATA_DIR:-/data}
 mkdir -p "$dir"
@@ -24,7 +27,7 @@ if [ "$uid" = 0 ]; then
         gid=10001
     else
         echo "entrypoint: $dir belongs to root and holds files: running as root" >&2
-        exec "$@"
+        exec setpriv --no-new-privs -- "$@"
     fi
 fi
-exec setpriv --reuid="$uid" --regid="$gid" --clear-groups -- "$@"
+exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --no-new-privs -- "$@"

@@ -22,7 +22,17 @@ addresses() {
     getent ahostsv4 "$host" | awk '{ print $1 }' | sort -u | tr '\n' ' '
 }
 
-nginx "$@" &
+# nginx refuses to start while `server tiny:8000` resolves to nothing: wait for the first
+# replica's address (compose starts both services at once; Swarm schedules tasks in any order).
+until [ -n "$(addresses)" ]; do
+    [ -n "${waited:-}" ] || echo "nginx-entrypoint: waiting for $host to resolve" >&2
+    waited=1
+    sleep 0.5
+done
+
+# no_new_privs, as the compose file's security_opt asks (Swarm ignores that key): the master
+# still switches its workers to www-data, but nothing it execs can gain privileges.
+setpriv --no-new-privs nginx "$@" &
 nginx_pid=$!
 stopping=""
 for signal in QUIT TERM INT; do

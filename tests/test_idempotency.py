@@ -298,3 +298,14 @@ def test_kill9_of_workers_at_random_moments_leaves_every_batch_exactly_once(
     assert len(kills) == 6 and len(attempts) > 50
     days = ("2014-05-04", "2014-05-05")
     assert_exactly_once(data, {batch: body_of(batch, days=days) for batch in attempts})
+
+
+def test_the_rollback_journal_mode_keeps_the_contract(tmp_path: Path) -> None:
+    """--journal-mode delete (for writers on several hosts): the same replay, across a restart."""
+    with Server(tmp_path / "data", "--journal-mode", "delete") as server:
+        first = server.ingest(body_of(1), key(1))
+    assert not (tmp_path / "data" / ".tiny" / "journal.sqlite3-wal").exists()
+    with Server(tmp_path / "data", "--journal-mode", "delete") as again:
+        replayed = again.ingest(body_of(1), key(1))
+    assert replayed.headers["idempotent-replayed"] == "true" and replayed.body == first.body
+    assert_exactly_once(tmp_path / "data", {1: body_of(1)})

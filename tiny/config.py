@@ -45,6 +45,7 @@ class Config:
     analytics_cache_bytes: int = 64 * 1024**2
     idempotency_window: float = 86_400.0
     idempotency_max_keys: int = 10_000_000
+    journal_mode: str = "wal"
     crash_at: str = ""  # fault injection for the crash tests (tiny.sink); not in --help
     token_source: str = ""  # where the token came from: "file", "environment" or "command line"
 
@@ -117,6 +118,12 @@ def _niceness(text: str) -> str:
     return text
 
 
+def _journal_mode(text: str) -> str:
+    if text not in ("wal", "delete"):
+        raise argparse.ArgumentTypeError("must be 'wal' or 'delete'")
+    return text
+
+
 def _crash_point(text: str) -> str:
     """``point:probability`` (tiny.sink.CRASH_POINTS), or empty."""
     from tiny.sink import CRASH_POINTS
@@ -166,6 +173,11 @@ _FLAGS: list[tuple[str, object, str | None]] = [
     ("analytics_cache_bytes", _positive_size, "analytics results cached per worker, in bytes (or 64MiB)"),
     ("idempotency_window", _seconds, "seconds an Idempotency-Key is kept at least (a retry within it writes nothing)"),
     ("idempotency_max_keys", _positive_int, "Idempotency-Keys kept at most; past it the oldest go first"),
+    (
+        "journal_mode",
+        _journal_mode,
+        "the journal's SQLite mode: 'wal' (one host), or 'delete' (writers on several hosts)",
+    ),
     ("crash_at", _crash_point, None),
 ]
 

@@ -2,7 +2,8 @@
 
 Every writer of a data dir (every worker of every server and container sharing it) takes
 one exclusive ``flock`` on ``.tiny/lock`` (tiny.layout) for the whole of a flush, and keeps,
-in one SQLite database (``.tiny/journal.sqlite3``, WAL mode):
+in one SQLite database (``.tiny/journal.sqlite3``; WAL mode, or SQLite's rollback journal
+with ``mode="delete"``, for writers on several hosts, whose WAL would need shared memory):
 
 - ``intent``: the files the flush under way appends to, each with its size before the flush
   and whether the flush created it. Written and committed *before* the first byte of data;
@@ -75,9 +76,18 @@ class Intent:
 class Journal:
     """The journal of ``data_dir``; see the module docstring. Open it with :meth:`open`."""
 
-    def __init__(self, data_dir: Path, *, fsync: bool = False, window: float = 86_400.0, max_keys: int = 10_000_000):
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        fsync: bool = False,
+        window: float = 86_400.0,
+        max_keys: int = 10_000_000,
+        mode: str = "wal",
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.fsync = fsync
+        self.mode = mode
         self.window = window
         self.max_keys = max_keys
         self._db: sqlite3.Connection | None = None
@@ -93,7 +103,7 @@ class Journal:
         # isolation_level=None: transactions are explicit (BEGIN ... COMMIT), nothing implicit.
         self._db = sqlite3.connect(layout.journal_path(self.data_dir), isolation_level=None, check_same_thread=False)
         with self.locked():
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA journal_mode={'WAL' if self.mode == 'wal' else 'DELETE'}")
             self._db.executescript(_SCHEMA)
         self._db.execute(f"PRAGMA synchronous={'FULL' if self.fsync else 'NORMAL'}")
 

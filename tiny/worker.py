@@ -52,7 +52,11 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
 
     fsync = config.durability == "fsync"
     journal = Journal(
-        config.data_dir, fsync=fsync, window=config.idempotency_window, max_keys=config.idempotency_max_keys
+        config.data_dir,
+        fsync=fsync,
+        window=config.idempotency_window,
+        max_keys=config.idempotency_max_keys,
+        mode=config.journal_mode,
     )
     sink = DailyFileSink(
         config.data_dir,
