@@ -32,6 +32,7 @@ from tiny.analytics import compute
 from tiny.analytics.names import whale_name
 from tiny.cranlog import iter_records
 from tiny.layout import HEADER
+from tiny.testing import memory
 
 DAY = "2014-05-04"
 TOKEN = "api-s3cret"
@@ -556,13 +557,6 @@ def test_byte_totals_are_exact_past_2_to_the_64(tmp_path: Path) -> None:
     assert summary["bytes"] == whales[0]["bytes"] == downloads["bytes"] == 3 * big
 
 
-def _rss(pid: int) -> int:
-    for entry in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if entry.startswith("VmRSS:"):
-            return int(entry.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.hardening("around 2: the analytics cache was bounded by entry count, not bytes")
 def test_the_analytics_cache_is_bounded_in_bytes(tmp_path: Path, truth: Truth, figures: dict[str, Any]) -> None:
     """64 distinct big downloads answers of the sample day's biggest whale: the worker keeps at
@@ -572,11 +566,11 @@ def test_the_analytics_cache_is_bounded_in_bytes(tmp_path: Path, truth: Truth, f
     whale = truth.ranked(1)[0]
     with Server(tmp_path / "data", "--analytics-cache-bytes", "4MiB") as running:
         ok(running, f"/api/days/{DAY}/whales/{whale}/downloads")
-        before = _rss(running.pid)
+        before = memory(running.pid)
         sizes = [
             len(get(running, f"/api/days/{DAY}/whales/{whale}/downloads?limit={100_000 - i}").body) for i in range(64)
         ]
-        grown = _rss(running.pid) - before
+        grown = memory(running.pid) - before
     figures.update(
         case="64 distinct downloads answers of the biggest whale, cache 4 MiB",
         answer_bytes=sizes[0],

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -28,7 +27,7 @@ import pytest
 
 from tests.support import ROOT, Load, http_get, record
 from tiny.layout import HEADER
-from tiny.testing import free_port_block
+from tiny.testing import free_port_block, raw_exchange
 
 _SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 _MISSING = [name for name in ("supervisord", "supervisorctl", "nginx") if shutil.which(name, path=_SBIN_PATH) is None]
@@ -231,15 +230,7 @@ def test_batches_posted_through_nginx_all_land(cluster: Cluster) -> None:
 
 def _raw(port: int, data: bytes) -> tuple[int, dict[str, str], bytes]:
     """Send raw bytes to 127.0.0.1:port; the one answer: (status, lower-cased headers, body)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=_TIMEOUT) as sock:
-        sock.sendall(data)
-        out = b""
-        try:
-            while chunk := sock.recv(65536):
-                out += chunk
-        except (TimeoutError, ConnectionResetError):
-            pass
-    head, _, body = out.partition(b"\r\n\r\n")
+    head, _, body = raw_exchange(port, data, _TIMEOUT).partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
     return int(lines[0].split()[1]), headers, body

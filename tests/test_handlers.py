@@ -21,6 +21,7 @@ import pytest
 
 from tests.support import Server, record, rows_of
 from tiny.layout import lock_path
+from tiny.testing import memory, raw_exchange
 
 LIMIT = 64 * 1024
 TOKEN = "s3cret-token"
@@ -51,19 +52,6 @@ def error(response: object) -> tuple[int, str]:
     assert set(body) == {"error"} and set(body["error"]) == {"status", "message"}
     assert body["error"]["status"] == response.status  # type: ignore[attr-defined]
     return body["error"]["status"], body["error"]["message"]
-
-
-def raw_exchange(port: int, data: bytes, read_timeout: float = 5.0) -> bytes:
-    """Send raw bytes, return everything the server sends back before closing or going quiet."""
-    with socket.create_connection(("127.0.0.1", port), timeout=read_timeout) as sock:
-        sock.sendall(data)
-        out = b""
-        try:
-            while chunk := sock.recv(65536):
-                out += chunk
-        except (TimeoutError, ConnectionResetError):
-            pass
-        return out
 
 
 def test_ok_answer_counts_records_and_lists_the_first_ten_errors(server: Server) -> None:
@@ -297,22 +285,14 @@ def test_a_big_gzip_body_is_decoded_off_the_loop_with_the_same_answer(tmp_path: 
     assert error(bomb)[0] == 413
 
 
-def _peak_rss(pid: int) -> int:
-    """The process's peak resident set (VmHWM), in bytes."""
-    for entry in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if entry.startswith("VmHWM:"):
-            return int(entry.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
-
-
 @pytest.mark.hardening("ingest 1: a 1 KB request took gigabytes of memory and disk")
 def test_a_kilobyte_of_gzip_cannot_buy_gigabytes_of_memory_or_disk(tmp_path: Path, figures: dict[str, Any]) -> None:
     """A 1 KB gzip body of 500,000 invalid lines: bounded memory, bounded rejects, exact counts."""
     body = gzip.compress(b"x\n" * 500_000, 9)
     with Server(tmp_path / "data") as server:
-        before = _peak_rss(server.pid)
+        before = memory(server.pid, "VmHWM")
         answer = server.ingest(body, {"Content-Encoding": "gzip"}).json()
-        grown = _peak_rss(server.pid) - before
+        grown = memory(server.pid, "VmHWM") - before
     kept = [orjson.loads(x) for x in next((tmp_path / "data" / "rejects").glob("*.ndjson")).read_bytes().splitlines()]
     figures.update(
         case="a 1 KB gzip body of 500,000 invalid lines",

@@ -155,6 +155,27 @@ def request(
         conn.close()
 
 
+def raw_exchange(port: int, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send raw bytes to 127.0.0.1:port; everything sent back before the close or ``timeout`` of quiet."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        out = b""
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return out
+
+
+def memory(pid: int, field: str = "VmRSS") -> int:
+    """A process's memory figure from /proc/PID/status (VmRSS, or VmHWM: its peak), in bytes."""
+    for entry in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if entry.startswith(field + ":"):
+            return int(entry.split()[1]) * 1024
+    raise ValueError(f"no {field} for process {pid}")
+
+
 def http_get(port: int, path: str, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
     """GET 127.0.0.1:port/path on a new connection: (status, lower-cased headers, body)."""
     response = request(port, "GET", path, timeout=timeout)
