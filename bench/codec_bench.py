@@ -45,7 +45,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tiny.codec import Batch, encode_reference, undecodable  # noqa: E402
+from tiny.codec import Batch, encode_reference  # noqa: E402
 from tiny.cranlog import ndjson_lines  # noqa: E402
 from tiny.layout import COLUMNS  # noqa: E402
 from tiny.testing import SAMPLE_DAY  # noqa: E402
@@ -87,7 +87,7 @@ def msgspec_codec() -> Codec | None:
         try:
             return decode(raw)
         except error:
-            raise undecodable(raw) from None
+            raise ValueError("not JSON") from None  # encode_reference names the reason
 
     def encode(body: bytes) -> Batch:
         return encode_reference(body, decode=decode_line)

@@ -375,6 +375,101 @@ def test_unknown_keys_with_nested_values_match(body: bytes) -> None:
     assert_same(body)
 
 
+# --- records of a day the body already had: the reference codec's fast path -------------------
+# encode_reference checks a record by shortcuts (tiny.codec._fast_row) once an earlier record
+# of the body with the same date was valid, and only when its line has no escapes. These
+# bodies start with such a record; their lines keep its date unless the date is the field
+# under test, and their other fields are PLAIN (unescaped).
+
+DAY = "2014-05-04"
+FIRST = b'{"date":"2014-05-04","time":"00:50:55","size":1,"package":"caret","ip_id":1}\n'
+SAME_DAY = {"date": st.one_of(plain(st.just(DAY)), strings(st.just(DAY)))}
+SMALL_NUMBERS = raw(
+    [
+        -2,
+        -1,
+        b"-0",
+        0,
+        1,
+        2,
+        -(2**63),
+        2**64 - 1,
+        b"1.0",
+        b"0.0",
+        b"-1.0",
+        b"1e2",
+        b"true",
+        b"false",
+        b"null",
+        b'"1"',
+        b"[1]",
+    ]
+)
+PLAIN_LONG = plain(st.builds(lambda ch, n: ch * n, st.sampled_from(["x", "é", "😀"]), st.integers(1018, 1030)))
+
+
+def same_day(lines: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
+    return bodies(lines).map(lambda body: FIRST + body)
+
+
+def one_field_of_the_day(
+    values: st.SearchStrategy[bytes], names: tuple[str, ...] = COLUMNS
+) -> st.SearchStrategy[bytes]:
+    return st.sampled_from(names).flatmap(lambda name: record_lines({**PLAIN, **SAME_DAY, name: values}))
+
+
+@FUZZ
+@given(same_day(one_field_of_the_day(st.one_of(SMALL_NUMBERS, literals, integers, floats), ("size", "ip_id"))))
+def test_records_of_a_day_already_seen_with_any_numbers_match(body: bytes) -> None:
+    assert_same(body)
+
+
+@FUZZ
+@given(same_day(st.one_of(record_lines({**PLAIN, **SAME_DAY}), one_field_of_the_day(json_values))))
+def test_records_of_a_day_already_seen_with_any_json_type_in_any_field_match(body: bytes) -> None:
+    assert_same(body)
+
+
+@FUZZ
+@given(
+    same_day(
+        st.one_of(
+            one_field_of_the_day(strings(TIMES), ("time",)),
+            one_field_of_the_day(strings(DATES), ("date",)),
+        )
+    )
+)
+def test_records_of_a_day_already_seen_with_any_date_and_time_texts_match(body: bytes) -> None:
+    assert_same(body)
+
+
+@settings(FUZZ, suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example])
+@given(same_day(one_field_of_the_day(st.one_of(strings(), PLAIN_LONG, strings(long_texts)), STRING_FIELDS)))
+def test_records_of_a_day_already_seen_with_any_strings_match(body: bytes) -> None:
+    assert_same(body)
+
+
+@FUZZ
+@given(
+    same_day(
+        st.one_of(
+            record_lines(
+                {**{name: st.one_of(PLAIN[name], raw([ABSENT, b"null"])) for name in COLUMNS}, **SAME_DAY},
+                extra=st.lists(
+                    st.sampled_from(COLUMNS).flatmap(
+                        lambda name: st.tuples(key(name), st.one_of(PLAIN[name], raw([b"null", b"1", b'"x"'])))
+                    ),
+                    max_size=4,
+                ),
+            ),
+            record_lines({**PLAIN, **SAME_DAY}, extra=st.lists(st.tuples(unknown_keys, json_values), max_size=4)),
+        )
+    )
+)
+def test_records_of_a_day_already_seen_with_null_absent_duplicate_and_unknown_fields_match(body: bytes) -> None:
+    assert_same(body)
+
+
 @st.composite
 def nested(draw: st.DrawFn, levels: st.SearchStrategy[int]) -> bytes:
     n = draw(levels)
