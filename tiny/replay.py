@@ -1,9 +1,9 @@
 """Replay a CRAN log file into a running server: CSV in, NDJSON batches posted, a summary out.
 
-Usage:
-    python -m tiny.replay FILE.csv[.gz] [--url http://127.0.0.1:8000/ingest] [--batch 1600]
-                          [--concurrency 8] [--token T] [--gzip] [--retries 8] [--timeout 60]
-                          [--no-progress] [--json]
+Usage (``tiny-replay`` once installed, or ``python -m tiny.replay`` from the source tree):
+    tiny-replay FILE.csv[.gz] [--url http://127.0.0.1:8000/ingest] [--batch 1600]
+                [--concurrency 8] [--token-file F] [--gzip] [--retries 8] [--timeout 60]
+                [--start-line N] [--no-keys] [--no-progress] [--json]
 
 Reads the file with :mod:`tiny.cranlog` (the public ``YYYY-MM-DD.csv.gz`` format) and posts
 its records as NDJSON, ``--batch`` records per request, over ``--concurrency`` keep-alive
@@ -433,7 +433,7 @@ def format_summary(summary: Summary) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, argparse.Namespace]:
     """Options from the command line (argparse exits 2 on bad usage)."""
-    parser = argparse.ArgumentParser(prog="python -m tiny.replay", description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(prog="tiny-replay", description=__doc__.split("\n", 1)[0])
     parser.add_argument("file", type=Path, help="a CRAN log file, .csv or .csv.gz")
     parser.add_argument("--url", default=Options.url, help="the /ingest URL (default %(default)s)")
     parser.add_argument("--batch", type=int, default=Options.batch, help="records per request (default %(default)s)")
