@@ -16,7 +16,8 @@ import pytest
 
 from tests.support import ROOT, SAMPLE_DAY, Server, free_port, rows_of, sample_csv
 from tiny.layout import lock_path
-from tiny.replay import Options, Summary, numbered_batches, replay, retry_after
+from tiny.replay import Options, Summary, replay, retry_after
+from tiny.replay_batches import numbered_batches
 
 
 def _url(server: Server) -> str:

@@ -46,14 +46,13 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import http.client
 import math
 import queue
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
@@ -61,7 +60,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from tiny.cranlog import open_log, parse_row
+from tiny.replay_batches import Batch, MalformedRow, file_digest, file_lines, numbered_batches
 
 _MAX_RETRY_AFTER = 60.0  # seconds; a longer Retry-After is capped
 _BACKOFF_START = 0.1
@@ -119,77 +118,6 @@ class BatchFailed(Exception):
 
 class _Unanswered(Exception):
     """The connection broke after the request was (perhaps) sent."""
-
-
-class MalformedRow(ValueError):
-    """A row of the input file that is not a CRAN log row; ``line`` is its line number."""
-
-    def __init__(self, line: int, reason: str) -> None:
-        super().__init__(f"line {line}: {reason}")
-        self.line = line
-
-
-def file_lines(path: Path, start_line: int = 2) -> Iterator[tuple[int, bytes]]:
-    """``(line number, NDJSON line)`` of each record of a CRAN log file from ``start_line`` on
-    (line 1 is the header); MalformedRow, raised when it is reached, for a row that is not one."""
-    number = 0
-    with open_log(path) as handle:
-        try:
-            for number, text in enumerate(handle, 1):
-                if number < max(start_line, 2):
-                    continue
-                try:
-                    record = parse_row(text.rstrip("\n"))
-                except ValueError as exc:
-                    raise MalformedRow(number, f"not a CRAN log row ({exc})") from None
-                yield number, orjson.dumps(record) + b"\n"
-        except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as exc:  # while reading line number + 1
-            raise MalformedRow(number + 1, f"unreadable: {exc}") from None
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One request's records: the file lines it holds (first and last), their count, its body."""
-
-    first_line: int
-    last_line: int
-    records: int
-    body: bytes
-
-
-def numbered_batches(lines: Iterable[tuple[int, bytes]], size: int) -> Iterator[Batch]:
-    """Consecutive ``size``-record batches of numbered lines (see :func:`file_lines`). When the
-    lines end in MalformedRow, the records before it still make a last batch, then it is raised."""
-    if size < 1:
-        raise ValueError("batch size must be at least 1")
-    it = iter(lines)
-    while True:
-        chunk: list[tuple[int, bytes]] = []
-        try:
-            for item in it:
-                chunk.append(item)
-                if len(chunk) == size:
-                    break
-        except MalformedRow:
-            if chunk:
-                yield _batch(chunk)
-            raise
-        if not chunk:
-            return
-        yield _batch(chunk)
-
-
-def _batch(chunk: list[tuple[int, bytes]]) -> Batch:
-    return Batch(chunk[0][0], chunk[-1][0], len(chunk), b"".join(line for _, line in chunk))
-
-
-def file_digest(path: Path) -> str:
-    """16 hex digits of the SHA-256 of a file's bytes: the source part of each batch's key."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()[:16]
 
 
 def retry_after(value: str | None, default: float = 1.0) -> float:
