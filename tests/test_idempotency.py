@@ -235,8 +235,10 @@ def _clients(port: int, clients: int, enough: threading.Event, timeout: float = 
         ("between-writes", "write"),
         ("after-writes", "write"),
         ("after-commit", "write"),
+        ("after-finish", "write"),
         ("between-writes", "fsync"),
         ("after-writes", "fsync"),
+        ("after-commit", "fsync"),
     ],
 )
 def test_kill9_inside_the_flush_then_retries_leave_every_batch_exactly_once(

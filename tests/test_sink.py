@@ -25,14 +25,20 @@ def make(tmp_path: Path, **kwargs: object) -> tuple[DailyFileSink, list[tuple[in
     return sink, flushes
 
 
-def test_a_new_csv_file_starts_with_the_header_once(tmp_path: Path) -> None:
+def append_then_close(tmp_path: Path, *appends: dict[str, bytes]) -> None:
+    """Each of ``appends`` through a fresh sink on ``tmp_path``, one after the other, then close."""
+
     async def go() -> None:
         sink, _ = make(tmp_path)
-        await sink.append({"d.csv": b"1\n"})
-        await sink.append({"d.csv": b"2\n"})
+        for chunks in appends:
+            await sink.append(chunks)
         await sink.close()
 
     run(go())
+
+
+def test_a_new_csv_file_starts_with_the_header_once(tmp_path: Path) -> None:
+    append_then_close(tmp_path, {"d.csv": b"1\n"}, {"d.csv": b"2\n"})
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n"
 
 
@@ -178,13 +184,7 @@ def test_a_writer_opens_its_files_only_under_the_data_dirs_lock(tmp_path: Path) 
 @pytest.mark.hardening("exactly once: a day file without a final LF lost its last row")
 def test_a_last_row_the_sink_did_not_write_is_kept_even_without_its_lf(tmp_path: Path) -> None:
     (tmp_path / "d.csv").write_bytes(b"h\n1\n2")  # copied in, or edited by hand
-
-    async def go() -> None:
-        sink, _ = make(tmp_path)
-        await sink.append({"d.csv": b"3\n"})
-        await sink.close()
-
-    run(go())
+    append_then_close(tmp_path, {"d.csv": b"3\n"})
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n3\n"
 
 
@@ -203,12 +203,6 @@ def test_a_flush_killed_mid_write_is_cut_back_to_its_exact_size_by_the_next(tmp_
         torn.write(b"\n9\n9\n9")  # the killed flush got this far
     (tmp_path / "new.csv").write_bytes(b"h\n9")
     journal.close()
-
-    async def go() -> None:
-        sink, _ = make(tmp_path)
-        await sink.append({"d.csv": b"3\n"})
-        await sink.close()
-
-    run(go())
+    append_then_close(tmp_path, {"d.csv": b"3\n"})
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n3\n"
     assert not (tmp_path / "new.csv").exists()

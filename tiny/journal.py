@@ -1,29 +1,34 @@
 """The data dir's journal: the flush lock, the intent of the flush under way, and the idempotency keys.
 
 Every writer of a data dir (every worker of every server and container sharing it) takes
-one exclusive ``flock`` on ``.tiny/lock`` (tiny.layout) for the whole of a flush, and keeps,
-in one SQLite database (``.tiny/journal.sqlite3``; WAL mode, or SQLite's rollback journal
-with ``mode="delete"``, for writers on several hosts, whose WAL would need shared memory):
+one exclusive ``flock`` on ``.tiny/lock`` (tiny.layout) for the whole of a flush, and keeps:
 
-- ``intent``: the files the flush under way appends to, each with its size before the flush
-  and whether the flush created it. Written and committed *before* the first byte of data;
-  deleted in the same transaction that records the flush's keys. So a crash at any point of a
-  flush (kill -9, a power loss with ``--durability fsync``) leaves an intent behind, and the
-  next writer to take the lock (:meth:`Journal.recover`) cuts every file back to exactly its
-  size before, removes the files the flush created, and deletes the intent: the flush's rows
-  and keys are then both absent, and a retry writes them once. Bytes the flush did not write
-  are never touched, so a day file whose last row lacks its LF (edited by hand) keeps it.
-- ``keys``: per Idempotency-Key, a digest of the body it came with and the answer that was
-  sent, recorded atomically with the rows (the commit above). A key is decided under the same
-  lock as the write: a retry, in any process, sees the key or writes the rows, never both.
-  A key counts for ``window`` seconds; a retry after that is processed as new. At most
-  ``max_keys`` keys are kept: past that, the oldest go first (checked at every commit). Keys
-  past the window are deleted every 1,000 flushes, and when a retry meets one.
+- ``.tiny/intent``: the flush under way, written *before* the first byte of data: a random
+  flush id and the files it appends to, each with its size before and whether the flush
+  created it, behind a CRC-32 (one ``pwrite``; with fsync, synced before the data). The flush
+  is finished when the file is emptied again. A crash at any point of a flush (kill -9, a
+  power loss with ``--durability fsync``) leaves the intent behind, and the next writer to take
+  the lock (:meth:`Journal.recover`) cuts every file back to exactly its size before, removes
+  the files the flush created, and empties the intent: the flush's rows and keys are then
+  both absent, and a retry writes them once. Bytes the flush did not write are never touched,
+  so a day file whose last row lacks its LF (edited by hand) keeps it. An intent whose CRC
+  does not match was torn while being written, before any data: it is dropped.
+- ``.tiny/journal.sqlite3`` (SQLite, WAL mode, or its rollback journal with
+  ``mode="delete"`` for writers on several hosts, whose WAL would need shared memory), table
+  ``keys``: per Idempotency-Key, a digest of the body it came with and the answer that was
+  sent. A flush with keys records them, and its flush id as the last committed one, in one
+  transaction (its commit point) before it empties the intent; so recovery, finding an intent
+  whose id is the committed one, keeps the files. A key is decided under the same lock as the
+  write: a retry, in any process, sees the key or writes the rows, never both. A key counts
+  for ``window`` seconds; a retry after that is processed as new. At most ``max_keys`` keys
+  are kept: past that, the oldest go first (checked at every commit with keys). Keys past the
+  window are deleted every 1,000 flushes, and when a retry meets one. A flush without keys
+  does not touch SQLite at all (speed: two SQLite transactions per flush cost about 100 µs).
 
-With ``fsync``, the intent's commit reaches the disk before the data is written, and the
-data and new directory entries before the keys' commit (synchronous=FULL), so the same
-holds across a power loss; without, each commit is written (WAL, synchronous=NORMAL), which
-a killed process cannot lose.
+With ``fsync``, the intent reaches the disk before the data is written, the data and new
+directory entries before the keys' commit (synchronous=FULL), and that before the emptied
+intent; so the same holds across a power loss. Without, every step is written (WAL,
+synchronous=NORMAL), which a killed process cannot lose.
 
 Not thread-safe: a :class:`Journal` belongs to one sink thread of one process.
 """
@@ -36,9 +41,12 @@ import logging
 import os
 import sqlite3
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import orjson
 
 from tiny import layout
 
@@ -52,6 +60,7 @@ CREATE TABLE IF NOT EXISTS keys (
 CREATE INDEX IF NOT EXISTS keys_by_age ON keys (stored);
 CREATE TABLE IF NOT EXISTS counts (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO counts VALUES ('keys', 0);
+INSERT OR IGNORE INTO counts VALUES ('flush', 0);
 """
 _EXPIRE_EVERY = 1000  # commits between two deletions of the keys past the window (and at start)
 
@@ -92,6 +101,8 @@ class Journal:
         self.max_keys = max_keys
         self._db: sqlite3.Connection | None = None
         self._lock_fd = -1
+        self._intent_fd = -1
+        self._flush_id = 0
         self._commits = 0
         self.held = 0  # keys in the journal at the last commit
 
@@ -102,10 +113,15 @@ class Journal:
         self._lock_fd = os.open(layout.lock_path(self.data_dir), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         # isolation_level=None: transactions are explicit (BEGIN ... COMMIT), nothing implicit.
         self._db = sqlite3.connect(layout.journal_path(self.data_dir), isolation_level=None, check_same_thread=False)
+        self._intent_fd = os.open(layout.intent_path(self.data_dir), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         with self.locked():
             self._db.execute(f"PRAGMA journal_mode={'WAL' if self.mode == 'wal' else 'DELETE'}")
             self._db.executescript(_SCHEMA)
+            self._recover_table()
         self._db.execute(f"PRAGMA synchronous={'FULL' if self.fsync else 'NORMAL'}")
+        if self.fsync:
+            os.fsync(self._intent_fd)
+            fsync_dir(state)
 
     def close(self) -> None:
         if self._db is not None:
@@ -114,6 +130,9 @@ class Journal:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+        if self._intent_fd >= 0:
+            os.close(self._intent_fd)
+            self._intent_fd = -1
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -134,11 +153,33 @@ class Journal:
 
         Lock held by caller. Each file goes back to exactly its size before that flush (a
         file the flush created is removed), with fsync when fsync is on, before the intent
-        is deleted: a crash during recovery leaves the intent for the next one.
+        is emptied: a crash during recovery leaves the intent for the next one. An intent
+        whose flush committed (its keys are recorded) only needs emptying.
         """
-        intents = [Intent(name, size, bool(created)) for name, size, created in self.db.execute("SELECT * FROM intent")]
-        if not intents:
+        if os.fstat(self._intent_fd).st_size == 0:  # the usual case: one fstat
             return 0
+        record = os.pread(self._intent_fd, 1 << 24, 0)
+        flush_id, intents = _parse_intent(record)
+        committed = self.db.execute("SELECT value FROM counts WHERE name = 'flush'").fetchone()[0]
+        repaired = 0
+        if intents is None:
+            log.warning("dropped a torn intent (a flush stopped before writing any data)")
+        elif flush_id != committed:
+            self._cut_back(intents)
+            repaired = len(intents)
+            log.warning("recovered from an unfinished flush: %s", ", ".join(i.name for i in intents))
+        self._clear_intent()
+        return repaired
+
+    def _recover_table(self) -> None:
+        """The intent of a flush by an older version, which kept it in SQLite. Lock held."""
+        rows = self.db.execute("SELECT * FROM intent").fetchall()
+        if rows:
+            self._cut_back([Intent(name, size, bool(created)) for name, size, created in rows])
+            self.db.execute("DELETE FROM intent")
+            log.warning("recovered from an unfinished flush: %s", ", ".join(name for name, _, _ in rows))
+
+    def _cut_back(self, intents: list[Intent]) -> None:
         for intent in intents:
             path = self.data_dir / intent.name
             try:
@@ -155,9 +196,6 @@ class Journal:
                         os.fsync(fd)
             finally:
                 os.close(fd)
-        self.db.execute("DELETE FROM intent")
-        log.warning("recovered from an unfinished flush: %s", ", ".join(i.name for i in intents))
-        return len(intents)
 
     def lookup(self, keys: Iterable[str]) -> dict[str, Stored]:
         """The keys (of ``keys``) the journal holds within the window, with their digest and
@@ -183,29 +221,48 @@ class Journal:
 
     def intend(self, intents: list[Intent]) -> None:
         """Record the files a flush is about to append to, before it writes. Lock held."""
-        with self._transaction():
-            self.db.executemany(
-                "INSERT INTO intent VALUES (?, ?, ?)", [(i.name, i.size_before, int(i.created)) for i in intents]
-            )
+        self._flush_id = int.from_bytes(os.urandom(8)) >> 1  # > 0 (the committed id starts at 0)
+        payload = orjson.dumps([self._flush_id, [[i.name, i.size_before, int(i.created)] for i in intents]])
+        record = zlib.crc32(payload).to_bytes(4, "big") + payload
+        written = os.pwrite(self._intent_fd, record, 0)
+        if written != len(record):  # a short write (disk full): the flush fails, its caller rolls back
+            raise OSError(f"the intent was written short ({written} of {len(record)} bytes)")
+        if self.fsync:
+            os.fsync(self._intent_fd)
 
     def commit(self, keys: list[tuple[str, bytes, bytes]]) -> None:
-        """The flush is whole: record its keys ``(key, digest, answer)`` and drop its intent, in
-        one transaction (the flush's commit point). Lock held."""
-        now = time.time()
-        with self._transaction():
-            if keys:
-                self.db.executemany("INSERT INTO keys VALUES (?, ?, ?, ?)", [(*key, now) for key in keys])
-                self.db.execute("UPDATE counts SET value = value + ? WHERE name = 'keys'", (len(keys),))
-            self.db.execute("DELETE FROM intent")
-            self._commits += 1
-            self.held = self.db.execute("SELECT value FROM counts WHERE name = 'keys'").fetchone()[0]
-            if self._commits % _EXPIRE_EVERY == 1 or self.held > self.max_keys:
-                self.held -= self._expire(now, self.held)
+        """The flush's data is written: record its keys ``(key, digest, answer)`` with its flush
+        id, in one transaction (the commit point of a flush with keys). :meth:`finish` comes
+        next. Lock held."""
+        self._commits += 1
+        expire = self._commits % _EXPIRE_EVERY == 1
+        if keys or expire:
+            now = time.time()
+            with self._transaction():
+                if keys:
+                    self.db.executemany("INSERT INTO keys VALUES (?, ?, ?, ?)", [(*key, now) for key in keys])
+                    self.db.execute(
+                        "UPDATE counts SET value = CASE name WHEN 'keys' THEN value + ? ELSE ? END "
+                        "WHERE name IN ('keys', 'flush')",
+                        (len(keys), self._flush_id),
+                    )
+                self.held = self.db.execute("SELECT value FROM counts WHERE name = 'keys'").fetchone()[0]
+                if expire or self.held > self.max_keys:
+                    self.held -= self._expire(now, self.held)
+
+    def finish(self) -> None:
+        """Empty the intent: the commit point of a flush without keys (one with keys is
+        committed already: recovery keeps its files). Lock held."""
+        self._clear_intent()
 
     def abandon(self) -> None:
         """Drop the intent of a flush whose files the caller has rolled back already. Lock held."""
-        with self._transaction():
-            self.db.execute("DELETE FROM intent")
+        self._clear_intent()
+
+    def _clear_intent(self) -> None:
+        os.ftruncate(self._intent_fd, 0)
+        if self.fsync:
+            os.fsync(self._intent_fd)
 
     def _expire(self, now: float, held: int) -> int:
         """Forget the keys past the window, then the oldest past max_keys; returns how many
@@ -229,3 +286,21 @@ class Journal:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+
+
+def _parse_intent(record: bytes) -> tuple[int, list[Intent] | None]:
+    """(flush id, intents) of an intent record; intents None when it is torn."""
+    crc, payload = record[:4], record[4:]
+    if len(record) < 4 or zlib.crc32(payload).to_bytes(4, "big") != crc:
+        return 0, None
+    flush_id, files = orjson.loads(payload)
+    return flush_id, [Intent(name, size, bool(created)) for name, size, created in files]
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` (a file created in it) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -4,9 +4,9 @@
   opened by :data:`HEADER` exactly once; the columns are :data:`COLUMNS`.
 - ``rejects/YYYY-MM-DD.ndjson``: the refused lines of requests received that UTC day
   (:mod:`tiny.rejects` renders them).
-- ``.tiny/``: the journal (:mod:`tiny.journal`): ``lock``, the flush lock every writer takes,
-  and ``journal.sqlite3`` (with SQLite's ``-wal`` and ``-shm`` beside it), the intent of the
-  flush under way and the idempotency keys.
+- ``.tiny/``: the journal (:mod:`tiny.journal`): ``lock``, the flush lock every writer takes;
+  ``intent``, the flush under way (empty between flushes); and ``journal.sqlite3`` (with
+  SQLite's ``-wal`` and ``-shm`` beside it), the idempotency keys.
 
 Everything else (the sink, the handlers, the analytics, the benchmarks and tests, and the
 Rust crate's column list, which a test holds equal to :data:`COLUMNS`) asks this module
@@ -70,3 +70,8 @@ def lock_path(data_dir: Path) -> Path:
 def journal_path(data_dir: Path) -> Path:
     """The journal's SQLite database."""
     return state_dir(data_dir) / "journal.sqlite3"
+
+
+def intent_path(data_dir: Path) -> Path:
+    """The intent of the flush under way: the files it appends to and their sizes before."""
+    return state_dir(data_dir) / "intent"

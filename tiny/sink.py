@@ -12,9 +12,9 @@ DATA_DIR:
   header" is race-free. It first lets the journal repair what a crashed flush left (each file
   cut back to exactly its size before it), then decides its appends' idempotency keys, then
   records its intent (the files and their sizes), then writes each file it touches with ONE
-  ``write(2)`` on an ``O_APPEND`` descriptor, then commits: its keys are recorded and its
-  intent dropped in one transaction. Killed at any point, a flush leaves its rows and keys
-  both, or neither.
+  ``write(2)`` on an ``O_APPEND`` descriptor, then commits: its keys (if any) are recorded
+  with its flush id in one transaction, and its intent is emptied (tiny.journal). Killed at
+  any point, a flush leaves its rows and keys both, or neither.
 - An append whose key the journal (or an earlier append of the same flush) holds already
   writes nothing: its future resolves to the :class:`~tiny.journal.Stored` digest and answer,
   and the caller answers from them. So a retry, in any process, never writes a batch twice.
@@ -48,13 +48,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from sqlite3 import Error as SQLiteError
 
-from tiny.journal import Intent, Journal, Stored
+from tiny.journal import Intent, Journal, Stored, fsync_dir
 from tiny.profiling import profile
 
 log = logging.getLogger("tiny.sink")
 
 Key = tuple[str, bytes, bytes]  # (idempotency key, digest of the body, the answer to store)
-CRASH_POINTS = ("before-writes", "between-writes", "after-writes", "after-commit")
+CRASH_POINTS = ("before-writes", "between-writes", "after-writes", "after-commit", "after-finish")
 
 
 class SinkError(Exception):
@@ -237,7 +237,9 @@ class DailyFileSink:
             self._write_files(pending)
             self._crash("after-writes")
             self.journal.commit(keys)
-            self._crash("after-commit")
+            self._crash("after-commit")  # the keys are recorded, the intent is still there
+            self.journal.finish()
+            self._crash("after-finish")
         return results
 
     def _write_files(self, pending: Mapping[str, list[bytes]]) -> None:
@@ -275,7 +277,7 @@ class DailyFileSink:
                 for fd, _ in opened:
                     os.fsync(fd)
                 for directory in new_dirs:
-                    self._fsync_dir(directory)
+                    fsync_dir(directory)
         except BaseException:
             self._roll_back(opened)
             raise
@@ -302,14 +304,6 @@ class DailyFileSink:
         if point == self._crash_point and random.random() < self._crash_chance:
             log.warning("crash test: killing this process %s", point)
             os.kill(os.getpid(), signal.SIGKILL)
-
-    @staticmethod
-    def _fsync_dir(directory: Path) -> None:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     async def close(self) -> None:
         """Write everything still pending, then close the journal and stop the sink thread."""
