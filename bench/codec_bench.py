@@ -128,22 +128,42 @@ def make_bodies(sample: Path, records: int, count: int) -> dict[str, list[bytes]
     return {"plain keys": cut(lines), "shuffled keys": cut([shuffled(line) for line in lines])}
 
 
-def measure(codec: Codec, bodies: list[bytes], records: int, repeats: int, min_time: float) -> dict[str, float]:
-    """Records/s of ``codec`` over ``bodies``: median, min and max of ``repeats`` repeats."""
-
+def _timer(codec: Codec, bodies: list[bytes]) -> Callable[[], float]:
     def one_pass() -> float:
         start = time.perf_counter()
         for body in bodies:
             codec(body)
         return time.perf_counter() - start
 
-    passes = max(1, int(min_time / max(one_pass(), 1e-9)))  # the first pass also warms up
-    rates = []
-    for _ in range(repeats):
-        gc.collect()
-        elapsed = sum(one_pass() for _ in range(passes))
-        rates.append(records * len(bodies) * passes / elapsed)
-    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "passes": passes}
+    return one_pass
+
+
+def measure(
+    codecs: dict[str, Codec], bodies: dict[str, list[bytes]], records: int, repeats: int, min_time: float
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Records/s of every codec on every kind of body, interleaved: each repeat times every
+    (codec, kind) once, so drift on a shared machine hits them alike. Per (codec, kind): the
+    median, min and max of the repeats, and each repeat's ratio to the seed's same repeat."""
+    arms = [(name, kind) for name in codecs for kind in bodies]
+    timers = {arm: _timer(codecs[arm[0]], bodies[arm[1]]) for arm in arms}
+    passes = {arm: max(1, int(min_time / max(timers[arm](), 1e-9))) for arm in arms}  # also warms up
+    rates: dict[tuple[str, str], list[float]] = {arm: [] for arm in arms}
+    for repeat in range(repeats):
+        for arm in arms if repeat % 2 == 0 else reversed(arms):
+            gc.collect()
+            elapsed = sum(timers[arm]() for _ in range(passes[arm]))
+            rates[arm].append(records * len(bodies[arm[1]]) * passes[arm] / elapsed)
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, kind in arms:
+        own, seed = rates[(name, kind)], rates[("seed", kind)]
+        results.setdefault(name, {})[kind] = {
+            "median": statistics.median(own),
+            "min": min(own),
+            "max": max(own),
+            "passes": passes[(name, kind)],
+            "x_seed_per_repeat": [round(a / b, 2) for a, b in zip(own, seed, strict=True)],
+        }
+    return results
 
 
 def main() -> None:
@@ -163,24 +183,21 @@ def main() -> None:
             for body in kind:
                 assert tuple(codecs["tiny_codec"](body)) == tuple(encode_reference(body)), "tiny_codec differs"
 
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    for name, codec in codecs.items():
-        results[name] = {}
-        for kind, kind_bodies in bodies.items():
-            results[name][kind] = measure(codec, kind_bodies, args.records, args.repeats, args.min_time)
-            print(f"  {name:18} {kind:14} {results[name][kind]['median']:>12,.0f} records/s", file=sys.stderr)
+    results = measure(codecs, bodies, args.records, args.repeats, args.min_time)
+    for name, by_kind in results.items():
+        for kind, figures in by_kind.items():
+            print(f"  {name:18} {kind:14} {figures['median']:>12,.0f} records/s", file=sys.stderr)
 
     kinds = list(bodies)
-    seed = results["seed"]
     print(
-        f"\nCodec, records/s (median of {args.repeats}; bodies of {args.records:,} records, "
-        f"{len(bodies[kinds[0]])} per pass)\n"
+        f"\nCodec, records/s (median of {args.repeats} interleaved repeats; bodies of {args.records:,} records, "
+        f"{len(bodies[kinds[0]])} per pass; x seed: the median of each repeat's ratio)\n"
     )
     print("| variant | " + " | ".join(kinds) + " | " + " | ".join(f"x seed ({k})" for k in kinds) + " |")
     print("|---|" + "---:|" * (2 * len(kinds)))
     for name, by_kind in results.items():
         rates = " | ".join(f"{by_kind[k]['median']:,.0f}" for k in kinds)
-        ratios = " | ".join(f"{by_kind[k]['median'] / seed[k]['median']:.1f}" for k in kinds)
+        ratios = " | ".join(f"{statistics.median(by_kind[k]['x_seed_per_repeat']):.1f}" for k in kinds)
         print(f"| {name} | {rates} | {ratios} |")
 
     report = {

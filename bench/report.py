@@ -167,6 +167,31 @@ def headlines(results: Results) -> str:
         paired(results, "nginx", f"nginx-{n}-nobuf", f"nginx-{n}"),
         lambda r: None,
     )
+    add(
+        "tiny-1-python (reference codec) vs seed-1, c=8 -k",
+        "(reference; the 2x target is the codec's, bench/codec_bench.py)",
+        paired(results, "python", "tiny-1-python", "seed-1"),
+        lambda r: None,
+    )
+    add(
+        "a fresh Idempotency-Key per request: CPU per record, with / without",
+        "<= 1.05x",
+        paired(results, "keys", "tiny-1-keys", "tiny-1", "cpu_s_per_million"),
+        lambda r: r <= 1.05,
+        cost=True,
+    )
+    add(
+        "same runs: records/s, with / without keys",
+        "(reference)",
+        paired(results, "keys", "tiny-1-keys", "tiny-1"),
+        lambda r: None,
+    )
+    add(
+        "same runs: tiny-1 with keys vs seed-1 (post_load, c=8)",
+        ">= 10x",
+        paired(results, "keys", "tiny-1-keys", "seed-1"),
+        lambda r: r >= 10,
+    )
     for experiment, config, keep in (
         ("latency", f"tiny-{n}", ""),
         ("latency", "tiny-1", ""),
@@ -195,7 +220,7 @@ def headlines(results: Results) -> str:
 def cost_of_headlines(results: Results) -> str:
     """CPU-seconds per million records of every arm of the interleaved experiments."""
     rows = []
-    for experiment in ("key", "scale", "nginx", "latency"):
+    for experiment in ("key", "scale", "nginx", "latency", "python", "keys"):
         for config in dict.fromkeys(p["config"] for p in results.select(experiment)):
             points = _rounds(results, experiment, config)
             first = points[0]
@@ -225,12 +250,12 @@ def cost_of_headlines(results: Results) -> str:
             [
                 "experiment",
                 "config",
-                "ab",
+                "load generator",
                 "records/s",
                 "CPU-s per M records",
                 "busiest process",
                 "server cores busy",
-                "ab cores",
+                "load generator cores",
                 "other load (cores)",
             ],
             rows,
@@ -424,6 +449,26 @@ def render(results: Results, all_points: bool = False) -> str:
         parts += [
             "## CPU-seconds per million records (all sweep points of a configuration and body)",
             cost_table(results),
+        ]
+    stores = results.data.get("key_stores") or {}
+    if stores:
+        parts += [
+            "## The key store after the keys experiment (journal on disk, server memory)",
+            table(
+                ["arm", "keys held", "database bytes", "bytes per key", ".tiny/ files on disk", "server RSS"],
+                (
+                    [
+                        arm,
+                        f"{s['keys']:,}",
+                        f"{s['database_bytes']:,}",
+                        fmt(s["bytes_per_key"], 0),
+                        ", ".join(f"{name} {size:,}" for name, size in s["files"].items()),
+                        f"{s['server_rss_kb'] / 1024:.1f} MiB",
+                    ]
+                    for arm, s in stores.items()
+                ),
+                "lrrrlr",
+            ),
         ]
     sink = sink_table(results.data.get("sink"))
     if sink:

@@ -54,6 +54,7 @@ import resource
 import shlex
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,7 @@ from tiny.testing import (  # noqa: E402
     compose_command,
     docker_unavailable,
     free_port,
+    memory,
     request,
     server_env,
 )
@@ -187,6 +189,36 @@ def system_busy_seconds() -> float:
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
     return (sum(values[:8]) - idle) / _CLK_TCK
+
+
+def _rss_kb(pid: int) -> int:
+    """Resident memory of ``pid`` in KiB (0 once it is gone)."""
+    try:
+        return memory(pid) // 1024
+    except (OSError, ValueError):
+        return 0
+
+
+def key_store(data_dir: Path) -> dict[str, Any]:
+    """What a data dir's journal holds: its keys, the database's logical size (its pages, WAL
+    frames included) per key, and the files of ``.tiny/`` as they are (the WAL is reused after
+    each checkpoint, so its size is bounded, not per key)."""
+    journal = data_dir / ".tiny"
+    files = {f.name: f.stat().st_size for f in journal.iterdir() if f.is_file()} if journal.is_dir() else {}
+    keys, database_bytes = 0, 0
+    path = journal / "journal.sqlite3"
+    if path.exists():
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
+            keys = db.execute("SELECT count(*) FROM keys").fetchone()[0]
+            database_bytes = (
+                db.execute("PRAGMA page_count").fetchone()[0] * db.execute("PRAGMA page_size").fetchone()[0]
+            )
+    return {
+        "keys": keys,
+        "database_bytes": database_bytes,
+        "bytes_per_key": round(database_bytes / keys, 1) if keys else None,
+        "files": files,
+    }
 
 
 def _children_cpu() -> float:
@@ -618,6 +650,13 @@ class Arm:
     body: str
     concurrency: int
     keepalive: bool
+    driver: str = "ab"  # or "post": bench/post_load.py, which can send a different header per request
+    keys: bool = False  # a fresh Idempotency-Key with every request (driver "post" only)
+    label: str = ""  # the name its points carry (default: the config's), when two arms share a server
+
+    @property
+    def name(self) -> str:
+        return self.label or self.config
 
 
 def experiments(cores: int = CORES) -> dict[str, tuple[str, list[Arm]]]:
@@ -646,6 +685,15 @@ def experiments(cores: int = CORES) -> dict[str, tuple[str, list[Arm]]]:
                 Arm("seed-1", "1600", 8, True),
                 Arm("tiny-1-python", "1600", 8, True),
                 Arm("tiny-1", "1600", 8, True),
+            ],
+        ),
+        "keys": (
+            "tiny-1 with a fresh Idempotency-Key per request vs without (target: CPU per record within 5%), "
+            "and vs seed-1 (the 10x bar), c=8 keep-alive, 1,600-record bodies; all arms driven by bench/post_load.py",
+            [
+                Arm("seed-1", "1600", 8, True, "post"),
+                Arm("tiny-1", "1600", 8, True, "post"),
+                Arm("tiny-1", "1600", 8, True, "post", keys=True, label="tiny-1-keys"),
             ],
         ),
         "latency": (
@@ -719,6 +767,39 @@ def parse_ab(text: str, percentiles: Path | None = None) -> dict[str, Any]:
     return result
 
 
+# --------------------------------------------------------------------------- post_load
+
+
+def post_load_command(url: str, body: Body, concurrency: int, seconds: float, key_prefix: str | None) -> list[str]:
+    """The exact bench/post_load.py command of one point (keep-alive; a fresh key per request
+    with ``key_prefix``). ab cannot vary a header per request, and wrk copies the body for each
+    request whose headers change (3x its CPU), so the keys experiment uses this one for both arms."""
+    command = [PYTHON, str(ROOT / "bench" / "post_load.py"), url, str(body.path)]
+    command += ["--concurrency", str(concurrency), "--seconds", f"{seconds:g}"]
+    if key_prefix:
+        command += ["--key-prefix", key_prefix]
+    if body.gzip:
+        command.append("--gzip")
+    return command
+
+
+def parse_post_load(text: str) -> dict[str, Any]:
+    """The figures of one post_load run, in parse_ab's shape."""
+    match = re.search(r"^LOAD (\{.*\})$", text, re.MULTILINE)
+    figures = json.loads(match.group(1)) if match else {}
+    requests, seconds = figures.get("requests", 0), figures.get("seconds", 0.0)
+    return {
+        "complete": requests + figures.get("failed", 0),
+        "failed": figures.get("failed", 0),
+        "non2xx": figures.get("non2xx", 0),
+        "keepalive_requests": requests,
+        "seconds": seconds,
+        "rps": round(requests / seconds, 2) if seconds else 0.0,
+        **{key: figures.get(key) for key in ("mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms")},
+        "latency_source": "bench/post_load.py",
+    }
+
+
 @dataclass
 class Runner:
     """Runs ab points against services and keeps every point."""
@@ -729,6 +810,7 @@ class Runner:
     raw_dir: Path
     points: list[dict[str, Any]] = field(default_factory=list)
     rates: dict[tuple[str, str], float] = field(default_factory=dict)  # (config, body) -> last req/s
+    stores: dict[str, dict[str, Any]] = field(default_factory=dict)  # "experiment/config" -> key_store()
 
     def requests_for(self, config: str, body: Body, concurrency: int) -> int:
         rate = self.rates.get((config, body.name), 20.0)
@@ -755,13 +837,21 @@ class Runner:
         requests: int | None = None,
         round_: int = 0,
         keep: bool = True,
+        driver: str = "ab",
+        keys: bool = False,
     ) -> dict[str, Any]:
-        """Run ab once and return (and keep) the point's figures."""
+        """Run ab (or bench/post_load.py: ``seconds``, keep-alive; ``keys``: a fresh key per request) once and
+        return (and keep) the point's figures."""
         requests = requests or self.requests_for(config, body, concurrency)
         tag = f"{len(self.points):04d}-{experiment}-{config}-{body.name}-c{concurrency}{'-k' if keepalive else ''}"
         percentiles = self.raw_dir / f"{tag}.pct.csv"
         self.raw_dir.mkdir(parents=True, exist_ok=True)
-        command = ab_command(service.url, body, concurrency, keepalive, requests, self.seconds * 5 + 5, percentiles)
+        if driver == "post":
+            seconds = self.seconds if keep else max(0.5, requests / max(self.rates.get((config, body.name), 20.0), 1))
+            prefix = f"{tag}-{time.time_ns()}" if keys else None
+            command = post_load_command(service.url, body, concurrency, seconds, prefix)
+        else:
+            command = ab_command(service.url, body, concurrency, keepalive, requests, self.seconds * 5 + 5, percentiles)
         roles = service.roles()
         roots = [pid for pids in roles.values() for pid in pids]
         load = Path("/proc/loadavg").read_text().split()[0]
@@ -777,7 +867,7 @@ class Runner:
         cpu_after, busy_after, ab_after = cpu_seconds(roots), system_busy_seconds(), _children_cpu()
         if keep:
             (self.raw_dir / f"{tag}.txt").write_text(shlex.join(command) + "\n\n" + output)
-        result = parse_ab(output, percentiles)
+        result = parse_post_load(output) if driver == "post" else parse_ab(output, percentiles)
         good = max(0, result["complete"] - result["failed"] - result["non2xx"])
         records = good * body.records
         per_process = {pid: cpu_after[pid] - cpu_before.get(pid, 0.0) for pid in cpu_after}
@@ -813,6 +903,9 @@ class Runner:
             "wall_s": round(wall, 3),
             "loadavg_1m_before": float(load),
             "codec": service.info.get("codec"),
+            "driver": driver,
+            "idempotency_keys": keys,
+            "server_rss_kb": sum(_rss_kb(pid) for pid in process_tree(roots)),
             "ab_command": shlex.join(command),
         }
         if code != 0:
@@ -844,8 +937,11 @@ def _print_point(point: dict[str, Any]) -> None:
 
 
 def clear_dir(path: Path) -> None:
-    """Remove the files under ``path`` (the day files a point wrote), keeping the directories."""
-    for root, _dirs, files in os.walk(path):
+    """Remove the files under ``path`` (the day files a point wrote), keeping the directories and
+    the journal (``.tiny/``)."""
+    for root, dirs, files in os.walk(path):
+        if ".tiny" in dirs:  # the journal and its keys, open in the server: they grow as in real use
+            dirs.remove(".tiny")
         for name in files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(root, name))
@@ -909,19 +1005,29 @@ def interleaved(
             for config in dict.fromkeys(arm.config for arm in arms)
         }
         for arm in arms:
-            runner.warm_up(arm.config, services[arm.config], bodies[arm.body])
+            runner.warm_up(arm.name, services[arm.config], bodies[arm.body])
         for round_ in range(rounds):
             order = arms if round_ % 2 == 0 else list(reversed(arms))
             for arm in order:
                 runner.point(
-                    arm.config,
+                    arm.name,
                     services[arm.config],
                     bodies[arm.body],
                     arm.concurrency,
                     arm.keepalive,
                     experiment=name,
                     round_=round_ + 1,
+                    driver=arm.driver,
+                    keys=arm.keys,
                 )
+        for config in dict.fromkeys(arm.config for arm in arms if arm.keys):
+            service = services[config]
+            if service.data_dir is not None:
+                store = key_store(service.data_dir) | {
+                    "server_rss_kb": sum(_rss_kb(pid) for pid in process_tree(service.roots()))
+                }
+                runner.stores[f"{name}/{config}"] = store
+                print(f"  {config}: journal {store}", flush=True)
 
 
 # --------------------------------------------------------------------------- output
@@ -1025,7 +1131,14 @@ def merged(previous: Path, fresh: dict[str, Any]) -> dict[str, Any]:
     sink = fresh.get("sink") or old.get("sink")
     later = {"machine": fresh["machine"], "args": fresh["args"], "redone": sorted(map(list, rerun))}
     # the first run's description stays; each merged run is listed after it
-    return {**old, "points": kept + fresh["points"], "sink": sink, "merged_runs": [*old.get("merged_runs", []), later]}
+    stores = old.get("key_stores", {}) | fresh.get("key_stores", {})
+    return {
+        **old,
+        "points": kept + fresh["points"],
+        "sink": sink,
+        "key_stores": stores,
+        "merged_runs": [*old.get("merged_runs", []), later],
+    }
 
 
 def run_sink_bench(quick: bool, out: Path) -> dict[str, Any] | None:
@@ -1155,6 +1268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "configs": {c.name: {"what": c.what, "processes": c.processes} for c in configs.values()},
         "experiments": {name: what for name, (what, _arms) in experiments().items()},
         "points": runner.points,
+        "key_stores": runner.stores,
         "sink": None,
     }
     interrupted = False
