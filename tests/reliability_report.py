@@ -113,10 +113,11 @@ def render(entries: list[dict[str, Any]], command: str) -> str:
         "Reading the table: *acked rows* are rows of batches answered 200; *lost* counts acked rows missing from "
         "the day file; *torn* counts lines that do not parse as a whole CRAN row (every line is parsed). "
         "*no answer* requests were in flight on a killed process or a closed socket: the client cannot know "
-        "whether they were written, and a retry may duplicate their rows (*unacked rows on disk* counts the rows "
-        "of such requests that were written). A client that must never duplicate either does not resend a batch "
-        "that got no answer, or checks the day file for its rows first; a 503 always means nothing of the "
-        "request was kept, so retrying a 503 is always safe.",
+        "whether they were written (*unacked rows on disk* counts the rows of such requests that were written; "
+        "the clients of these runs send no Idempotency-Key of their own). With its own key a client "
+        "resends such a batch safely: the server "
+        "writes it once and answers the stored answer (docs/exactly-once.md; the exactly-once rows below). "
+        "A 503 always means nothing of the request was kept, so retrying a 503 is always safe.",
         "",
         *_findings(entries),
     ]
