@@ -5,7 +5,7 @@
 - ``rejects/YYYY-MM-DD.ndjson``: the refused lines of requests received that UTC day
   (:mod:`tiny.rejects` renders them).
 - ``.tiny/``: the journal (:mod:`tiny.journal`): ``lock``, the flush lock every writer takes;
-  ``intent``, the flush under way (empty between flushes); and ``journal.sqlite3`` (with
+  ``intent``, the flush under way (marked finished between flushes); and ``journal.sqlite3`` (with
   SQLite's ``-wal`` and ``-shm`` beside it), the idempotency keys.
 
 Everything else (the sink, the handlers, the analytics, the benchmarks and tests, and the

@@ -60,7 +60,7 @@ class Metrics:
         )
         self.keys_held = Gauge(
             "tiny_idempotency_keys",
-            "Idempotency-Keys in the data dir's journal",
+            "Idempotency-Keys in the data dir's journal (recounted every 64 flushes of a process)",
             registry=None,
             multiprocess_mode="max",
         )

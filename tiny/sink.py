@@ -13,7 +13,7 @@ DATA_DIR:
   cut back to exactly its size before it), then decides its appends' idempotency keys, then
   records its intent (the files and their sizes), then writes each file it touches with ONE
   ``write(2)`` on an ``O_APPEND`` descriptor, then commits: its keys (if any) are recorded
-  with its flush id in one transaction, and its intent is emptied (tiny.journal). Killed at
+  in one transaction, and its intent is marked finished (tiny.journal). Killed at
   any point, a flush leaves its rows and keys both, or neither.
 - An append whose key the journal (or an earlier append of the same flush) holds already
   writes nothing: its future resolves to the :class:`~tiny.journal.Stored` digest and answer,
@@ -234,7 +234,7 @@ class DailyFileSink:
                 results.append(None)
                 for name, data in chunks.items():
                     pending.setdefault(name, []).append(data)
-            self._write_files(pending)
+            self._write_files(pending, keys[0][0] if keys else None)
             self._crash("after-writes")
             self.journal.commit(keys)
             self._crash("after-commit")  # the keys are recorded, the intent is still there
@@ -242,8 +242,9 @@ class DailyFileSink:
             self._crash("after-finish")
         return results
 
-    def _write_files(self, pending: Mapping[str, list[bytes]]) -> None:
-        """Append each file's chunks with one write, after recording the intent; all or nothing."""
+    def _write_files(self, pending: Mapping[str, list[bytes]], first_key: str | None) -> None:
+        """Append each file's chunks with one write, after recording the intent (with the
+        first key the flush will record); all or nothing."""
         opened: list[tuple[int, Intent]] = []
         new_dirs: set[Path] = set()
         try:
@@ -260,7 +261,7 @@ class DailyFileSink:
                 if created:
                     new_dirs.add(path.parent)
             if opened:
-                self.journal.intend([intent for _, intent in opened])
+                self.journal.intend([intent for _, intent in opened], first_key)
             self._crash("before-writes")
             for number, (fd, intent) in enumerate(opened):
                 data = b"".join(pending[intent.name])
