@@ -256,7 +256,7 @@ def test_replicas_restarted_two_at_a_time_under_load_fail_no_post(stack: Stack) 
     again: their addresses do not change, so nginx is not reloaded and must not have written off
     the first pair (the compose nginx did, for 5 s: max_fails=1, then 502 "no live upstreams"
     while two replicas were up; one scale test in about ten hit it with over 900 502s)."""
-    load = Load(stack.port, "2014-05-11", clients=4, size=50, max_seconds=120, retries=5).start()
+    load = Load(stack.port, "2014-05-15", clients=4, size=50, max_seconds=120, retries=5).start()
     try:
         load.wait_acked(20, timeout=_TIMEOUT)
         replicas = stack.containers("tiny")
