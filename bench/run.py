@@ -209,7 +209,7 @@ def key_store(data_dir: Path) -> dict[str, Any]:
     path = journal / "journal.sqlite3"
     if path.exists():
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
-            keys = db.execute("SELECT count(*) FROM keys").fetchone()[0]
+            keys = db.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0]
             database_bytes = (
                 db.execute("PRAGMA page_count").fetchone()[0] * db.execute("PRAGMA page_size").fetchone()[0]
             )

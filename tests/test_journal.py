@@ -17,13 +17,19 @@ def opened(data: Path, **kwargs: object) -> Journal:
     return journal
 
 
+def commit(journal: Journal, keys: list[tuple[str, bytes, bytes]]) -> None:
+    """A flush of ``keys`` that writes no data (lock held)."""
+    journal.claim(keys)
+    journal.commit()
+
+
 def test_a_finished_flush_leaves_nothing_to_recover(tmp_path: Path) -> None:
     (tmp_path / "d.csv").write_bytes(b"h\n1\n")
     journal = opened(tmp_path)
     with journal.locked():
         journal.intend([Intent("d.csv", 4, False)])
         (tmp_path / "d.csv").write_bytes(b"h\n1\n2\n")
-        journal.commit([])
+        journal.commit()
         journal.finish()
         assert journal.recover() == 0
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n"
@@ -60,9 +66,10 @@ def test_a_flush_whose_first_key_is_stored_committed_and_keeps_its_rows(tmp_path
     (tmp_path / "d.csv").write_bytes(b"h\n")
     journal = opened(tmp_path)
     with journal.locked():
+        assert journal.claim([("k1", b"digest", b"answer"), ("k2", b"digest", b"answer")]) == {}
         journal.intend([Intent("d.csv", 2, False)], "k1")
         (tmp_path / "d.csv").write_bytes(b"h\n1\n")
-        journal.commit([("k1", b"digest", b"answer"), ("k2", b"digest", b"answer")])
+        journal.commit()
         # killed here: the keys are stored, the intent still live
     with journal.locked():
         assert journal.recover() == 0
@@ -75,13 +82,14 @@ def test_a_key_met_past_the_window_is_gone_before_the_flush_that_rewrites_it(tmp
     (tmp_path / "d.csv").write_bytes(b"h\n")
     journal = opened(tmp_path, window=0.05)
     with journal.locked():
-        journal.commit([("k", b"digest", b"answer")])
+        commit(journal, [("k", b"digest", b"answer")])
     time.sleep(0.1)
     with journal.locked():
-        assert journal.lookup(["k"]) == {}
+        assert journal.claim([("k", b"digest2", b"answer2")]) == {}  # past the window: new
         journal.intend([Intent("d.csv", 2, False)], "k")
         (tmp_path / "d.csv").write_bytes(b"h\n1\n")
-        # killed before the commit
+    journal.close()  # killed before the commit: SQLite drops the open transaction
+    journal = opened(tmp_path, window=0.05)
     with journal.locked():
         assert journal.recover() == 1
     assert (tmp_path / "d.csv").read_bytes() == b"h\n"
@@ -91,9 +99,9 @@ def test_past_max_keys_the_oldest_go_but_never_those_of_the_flush_committing(tmp
     journal = opened(tmp_path, max_keys=3)
     with journal.locked():
         for n in range(4):
-            journal.commit([(f"old{n}", b"d", b"a")])
-        journal.commit([(f"new{n}", b"d", b"a") for n in range(5)])  # more than max_keys at once
-        held = journal.lookup([*(f"old{n}" for n in range(4)), *(f"new{n}" for n in range(5))])
+            commit(journal, [(f"old{n}", b"d", b"a")])
+        commit(journal, [(f"new{n}", b"d", b"a") for n in range(5)])  # more than max_keys at once
+    held = [key for (key,) in journal.db.execute("SELECT key FROM idempotency_keys")]
     assert sorted(held) == [f"new{n}" for n in range(5)]
     assert journal.held == 5
 
@@ -101,12 +109,12 @@ def test_past_max_keys_the_oldest_go_but_never_those_of_the_flush_committing(tmp
 def test_the_count_of_keys_follows_commits_and_expiry(tmp_path: Path) -> None:
     journal = opened(tmp_path, window=0.05)
     with journal.locked():
-        journal.commit([("a", b"d", b"x"), ("b", b"d", b"x")])
-        journal.commit([("c", b"d", b"x")])
+        commit(journal, [("a", b"d", b"x"), ("b", b"d", b"x")])
+        commit(journal, [("c", b"d", b"x")])
         assert journal.held == 3
         time.sleep(0.1)
         for _ in range(1000):  # the next expiry runs at the 1001st commit
-            journal.commit([])
+            journal.commit()
         assert journal.held == 0
 
 
@@ -135,7 +143,8 @@ def test_the_first_versions_journal_is_taken_over(tmp_path: Path) -> None:
     db.close()
     journal = opened(tmp_path, window=3600)
     with journal.locked():
-        found = journal.lookup(["k1", "k2"])
+        found = journal.claim([("k1", b"x", b"x"), ("k2", b"d3", b"a3")])
+        journal.rollback()
     assert {key: (s.digest, s.answer) for key, s in found.items()} == {"k1": (b"d1", b"a1")}  # k2: past the window
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"
     tables = {name for (name,) in journal.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -149,13 +158,13 @@ def test_the_count_of_keys_holds_when_another_process_emptied_the_table(tmp_path
     first process remembers."""
     first, second = opened(tmp_path, max_keys=3), opened(tmp_path, window=0.05)
     with first.locked():
-        first.commit([(f"k{n}", b"d", b"x") for n in range(10)])
-        first.commit([("k10", b"d", b"x")])  # past max_keys: it keeps seq 9-11
+        commit(first, [(f"k{n}", b"d", b"x") for n in range(10)])
+        commit(first, [("k10", b"d", b"x")])  # past max_keys: it keeps seq 9-11
         assert first.held == 3
     time.sleep(0.1)
     with second.locked():
         for _ in range(1001):
-            second.commit([])
+            second.commit()
     with first.locked():
-        first.commit([("again", b"d", b"x")])
+        commit(first, [("again", b"d", b"x")])
     assert first.held == 1

@@ -46,7 +46,7 @@ import os
 import sqlite3
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +65,8 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 );
 """
 _TABLE = "idempotency_keys"
+_INSERT = f"INSERT INTO {_TABLE} (key, digest, answer, stored) VALUES (?, ?, ?, ?) ON CONFLICT (key) DO NOTHING"
+_SELECT = f"SELECT digest, answer, stored FROM {_TABLE} WHERE key = ?"
 _LIVE, _FINISHED = b"I", b"-"  # the intent's first byte: a flush under way, or none
 _EXPIRE_EVERY = 1000  # commits between two deletions of the keys past the window (and at start)
 _RECOUNT_EVERY = 64  # commits between two readings of the oldest key's seq (``held``)
@@ -108,6 +110,8 @@ class Journal:
         self._lock_fd = -1
         self._intent_fd = -1
         self._commits = 0
+        self._inserted = 0  # keys claim() inserted in it
+        self._last_seq = 0  # the seq of the last of them
         self._first_seq = 0  # the oldest key's seq when this process last looked (others may expire)
         # Keys in the journal at this process's last commit: newest seq - oldest seq + 1, the
         # oldest read every _RECOUNT_EVERY commits (an upper bound while other processes expire).
@@ -218,27 +222,44 @@ class Journal:
             finally:
                 os.close(fd)
 
-    def lookup(self, keys: Iterable[str]) -> dict[str, Stored]:
-        """The keys (of ``keys``) the journal holds within the window, with their digest and
-        answer; one past the window is deleted here, in a transaction of its own (its retry is
-        new, and recovery must not find it). Lock held."""
-        wanted = list(dict.fromkeys(keys))
-        found: dict[str, Stored] = {}
-        expired: list[str] = []
-        oldest = time.time() - self.window
-        for start in range(0, len(wanted), 500):  # SQLite's limit on bound parameters
-            chunk = wanted[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            rows = self.db.execute(f"SELECT key, digest, answer, stored FROM {_TABLE} WHERE key IN ({marks})", chunk)
-            for key, digest, answer, stored in rows:
+    def claim(self, keys: list[tuple[str, bytes, bytes]]) -> dict[str, Stored]:
+        """Open the flush's transaction and insert each of ``keys`` ``(key, digest, answer)``
+        (distinct) that the journal does not hold; returns those it holds within the window,
+        with their digest and answer: their appends write nothing. The inserts become durable
+        with :meth:`commit`, after the data; :meth:`rollback` drops them. No keys: nothing.
+
+        One statement per key, found or not (the usual flush has one new key). A key held past
+        the window is deleted first, in a transaction of its own, and the claim starts again:
+        so the first key inserted had no row before, and recovery, finding it, knows the flush
+        committed. Lock held."""
+        if not keys:
+            return {}
+        while True:
+            self.db.execute("BEGIN IMMEDIATE")
+            held: dict[str, Stored] = {}
+            expired: list[tuple[str]] = []
+            oldest = (now := time.time()) - self.window
+            for key, digest, answer in keys:
+                cursor = self.db.execute(_INSERT, (key, digest, answer, now))
+                if cursor.rowcount == 1:
+                    self._last_seq = cursor.lastrowid or 0
+                    continue
+                digest, answer, stored = self.db.execute(_SELECT, (key,)).fetchone()
                 if stored < oldest:
-                    expired.append(key)
+                    expired.append((key,))
                 else:
-                    found[key] = Stored(digest, answer)
-        if expired:
+                    held[key] = Stored(digest, answer)
+            if not expired:
+                self._inserted = len(keys) - len(held)
+                return held
+            self.rollback()
             with self._transaction():
-                self.db.executemany(f"DELETE FROM {_TABLE} WHERE key = ?", [(key,) for key in expired])
-        return found
+                self.db.executemany(f"DELETE FROM {_TABLE} WHERE key = ?", expired)
+
+    def rollback(self) -> None:
+        """Drop the keys :meth:`claim` inserted (a flush that failed). Lock held."""
+        if self.db.in_transaction:  # not when SQLite rolled back by itself (a failed COMMIT)
+            self.db.execute("ROLLBACK")
 
     def intend(self, intents: list[Intent], first_key: str | None = None) -> None:
         """Record the files a flush is about to append to, and the first key it will record
@@ -251,29 +272,31 @@ class Journal:
         if self.fsync:
             os.fsync(self._intent_fd)
 
-    def commit(self, keys: list[tuple[str, bytes, bytes]]) -> None:
-        """The flush's data is written: record its keys ``(key, digest, answer)`` in one
-        transaction (the commit point of a flush with keys). :meth:`finish` comes next. Lock held."""
+    def commit(self) -> None:
+        """The flush's data is written: commit the keys :meth:`claim` inserted (the commit
+        point of a flush with keys). :meth:`finish` comes next. Lock held."""
         self._commits += 1
         expire = self._commits % _EXPIRE_EVERY == 1
-        if keys or expire:
-            now = time.time()
-            with self._transaction():
-                insert = f"INSERT INTO {_TABLE} (key, digest, answer, stored) VALUES (?, ?, ?, ?)"
-                if len(keys) == 1:  # the usual flush: execute() gives the new seq at no cost
-                    last = self.db.execute(insert, (*keys[0], now)).lastrowid or 0
-                else:  # executemany() leaves lastrowid unset
-                    self.db.executemany(insert, [(*key, now) for key in keys])
-                    last = self._newest()
-                if not self._first_seq or last < self._first_seq or self._commits % _RECOUNT_EVERY == 0:
-                    # unknown, or stale: other processes expire keys too, and seq starts at 1
-                    # again once the table is empty
-                    self._first_seq = self._oldest()
-                self.held = last - self._first_seq + 1 if last else 0
-                if expire or self.held > self.max_keys:
-                    self._expire(now, before=last - len(keys) + 1)
-                    self._first_seq = self._oldest()
-                    self.held = self._newest() - self._first_seq + 1 if self._first_seq else 0
+        if not (self.db.in_transaction or expire):
+            return
+        try:
+            if not self.db.in_transaction:
+                self.db.execute("BEGIN IMMEDIATE")
+            inserted, self._inserted = self._inserted, 0
+            last = self._last_seq if inserted else self._newest()
+            if not self._first_seq or last < self._first_seq or self._commits % _RECOUNT_EVERY == 0:
+                # unknown, or stale: other processes expire keys too, and seq starts at 1
+                # again once the table is empty
+                self._first_seq = self._oldest()
+            self.held = last - self._first_seq + 1 if last else 0
+            if expire or self.held > self.max_keys:
+                self._expire(time.time(), before=last - inserted + 1)
+                self._first_seq = self._oldest()
+                self.held = self._newest() - self._first_seq + 1 if self._first_seq else 0
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.rollback()
+            raise
 
     def _oldest(self) -> int:
         return int(self.db.execute(f"SELECT min(seq) FROM {_TABLE}").fetchone()[0] or 0)

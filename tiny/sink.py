@@ -10,11 +10,12 @@ DATA_DIR:
 - A flush holds the data dir's flush lock from start to end (every writer takes it), so
   rows of different writers never interleave, and "is the file empty, then write the
   header" is race-free. It first lets the journal repair what a crashed flush left (each file
-  cut back to exactly its size before it), then decides its appends' idempotency keys, then
-  records its intent (the files and their sizes), then writes each file it touches with ONE
-  ``write(2)`` on an ``O_APPEND`` descriptor, then commits: its keys (if any) are recorded
-  in one transaction, and its intent is marked finished (tiny.journal). Killed at
-  any point, a flush leaves its rows and keys both, or neither.
+  cut back to exactly its size before it), then claims its appends' idempotency keys (the
+  new ones are inserted in a transaction that commits only after the data), then records its
+  intent (the files, their sizes, the first new key), then writes each file it touches with
+  ONE ``write(2)`` on an ``O_APPEND`` descriptor, then commits the keys' transaction (if
+  any) and marks its intent finished (tiny.journal). Killed at any point, a flush leaves its
+  rows and keys both, or neither.
 - An append whose key the journal (or an earlier append of the same flush) holds already
   writes nothing: its future resolves to the :class:`~tiny.journal.Stored` digest and answer,
   and the caller answers from them. So a retry, in any process, never writes a batch twice.
@@ -220,23 +221,28 @@ class DailyFileSink:
             self._opened = True
         with self.journal.locked():
             self.journal.recover()
-            stored = self.journal.lookup(key[0] for _, key in group if key is not None)
-            results: list[Stored | None] = []
-            pending: dict[str, list[bytes]] = {}
-            keys: list[Key] = []
-            for chunks, key in group:
-                if key is not None:
-                    if key[0] in stored:  # stored before, or by an earlier append of this flush
-                        results.append(stored[key[0]])
-                        continue
-                    stored[key[0]] = Stored(key[1], key[2])
-                    keys.append(key)
-                results.append(None)
-                for name, data in chunks.items():
-                    pending.setdefault(name, []).append(data)
-            self._write_files(pending, keys[0][0] if keys else None)
-            self._crash("after-writes")
-            self.journal.commit(keys)
+            distinct = {key[0]: key for _, key in group if key is not None}  # the first of each
+            held = self.journal.claim(list(distinct.values()))
+            try:
+                results: list[Stored | None] = []
+                pending: dict[str, list[bytes]] = {}
+                first_key = None
+                for chunks, key in group:
+                    if key is not None:
+                        if key[0] in held:  # stored before, or by an earlier append of this flush
+                            results.append(held[key[0]])
+                            continue
+                        held[key[0]] = Stored(key[1], key[2])
+                        first_key = first_key or key[0]
+                    results.append(None)
+                    for name, data in chunks.items():
+                        pending.setdefault(name, []).append(data)
+                self._write_files(pending, first_key)
+                self._crash("after-writes")
+                self.journal.commit()
+            except BaseException:
+                self.journal.rollback()
+                raise
             self._crash("after-commit")  # the keys are recorded, the intent is still there
             self.journal.finish()
             self._crash("after-finish")
