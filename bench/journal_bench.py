@@ -1,0 +1,93 @@
+"""The journal's cost per flush, in-process: tiny.journal.Journal alone, no HTTP, no codec.
+
+Each round runs ``--flushes`` flushes of one small append to one day file, without a key and
+then with a fresh key each, on a journal that holds ``--keys`` random keys first, and prints
+the process CPU per flush of each step (the lock, recovery's check, the claim, the intent,
+the commit, marking the intent finished) in microseconds. The data dir is a temp dir under
+``--dir`` (default: the system's), removed afterwards.
+
+Usage:
+    python bench/journal_bench.py [--flushes 3000] [--keys 20000] [--rounds 2] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tiny.journal import Intent, Journal
+
+STEPS = ("lock", "recover", "claim", "intend", "commit", "finish")
+
+
+def flushes(journal: Journal, day: Path, count: int, keyed: bool) -> dict[str, float]:
+    """CPU µs per flush of each step, over ``count`` flushes."""
+    spent = dict.fromkeys(STEPS, 0.0)
+    clock = time.process_time
+    fd = os.open(day, os.O_WRONLY | os.O_APPEND)
+    lock_fd = os.open(day.parent / ".tiny" / "lock", os.O_RDWR)
+    try:
+        for _ in range(count):
+            key = f"bench-{uuid.uuid4().hex}-{uuid.uuid4().hex[:24]}"  # 60 characters, as bench/run.py's
+            keys = [(key, b"d" * 12, b"a" * 120)] if keyed else []
+            steps = (
+                ("lock", lambda: fcntl.flock(lock_fd, fcntl.LOCK_EX)),  # what Journal.locked() takes
+                ("recover", journal.recover),
+                ("claim", lambda keys=keys: journal.claim(keys)),
+                (
+                    "intend",
+                    lambda first=keys[0][0] if keys else None: journal.intend(
+                        [Intent(day.name, os.fstat(fd).st_size, False)], first
+                    ),
+                ),
+                ("write", lambda: os.write(fd, b"x\n")),  # the data: not the journal's
+                ("commit", journal.commit),
+                ("finish", journal.finish),
+            )
+            for step, run in steps:
+                started = clock()
+                run()
+                if step != "write":
+                    spent[step] += clock() - started
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+        os.close(lock_fd)
+    return {step: seconds / count * 1e6 for step, seconds in spent.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flushes", type=int, default=3000)
+    parser.add_argument("--keys", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dir", default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        data = Path(tmp)
+        journal = Journal(data)
+        journal.open()
+        with journal.locked():
+            journal.claim([(f"warm-{uuid.uuid4().hex}", b"d" * 12, b"a" * 120) for _ in range(args.keys)])
+            journal.commit()
+        day = data / "2014-05-04.csv"
+        day.write_bytes(b"h\n")
+        for _ in range(args.rounds):
+            for keyed in (False, True):
+                steps = flushes(journal, day, args.flushes, keyed)
+                detail = ", ".join(f"{step} {us:.1f}" for step, us in steps.items())
+                print(f"{'with a key' if keyed else 'no key':10}  {sum(steps.values()):6.1f} µs/flush  ({detail})")
+        journal.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
