@@ -19,10 +19,12 @@ one exclusive ``flock`` on ``.tiny/lock`` (tiny.layout) for the whole of a flush
 - ``.tiny/journal.sqlite3`` (SQLite, WAL mode, or its rollback journal with
   ``mode="delete"`` for writers on several hosts, whose WAL would need shared memory), table
   ``idempotency_keys``: per Idempotency-Key, in the order they were stored, a digest of the
-  body it came with and the answer that was sent. A flush with keys records them in one
-  transaction (its commit point) before it finishes the intent; recovery, finding the
-  intent's first key stored, keeps the files (that key was absent when the intent was
-  written, under the same lock, and only that flush's commit stores it). A key is decided
+  body it came with and the answer that was sent. A flush with keys claims them in one
+  transaction (:meth:`Journal.claim`: one ``INSERT ... ON CONFLICT DO NOTHING`` per key, a
+  conflict meaning "held") before its intent and data, and commits it after the data (its
+  commit point), before it finishes the intent; recovery, finding the intent's first key
+  stored, keeps the files (that key had no row when the flush began, under the same lock,
+  and only that flush's commit stores it). A key is decided
   under the same lock as the write: a retry, in any process, sees the key or writes the rows,
   never both. A key counts for ``window`` seconds; a retry after that is processed as new.
   At most ``max_keys`` keys are kept: past that, the oldest go first (checked at every commit
