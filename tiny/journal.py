@@ -241,16 +241,20 @@ class Journal:
             held: dict[str, Stored] = {}
             expired: list[tuple[str]] = []
             oldest = (now := time.time()) - self.window
-            for key, digest, answer in keys:
-                cursor = self.db.execute(_INSERT, (key, digest, answer, now))
-                if cursor.rowcount == 1:
-                    self._last_seq = cursor.lastrowid or 0
-                    continue
-                digest, answer, stored = self.db.execute(_SELECT, (key,)).fetchone()
-                if stored < oldest:
-                    expired.append((key,))
-                else:
-                    held[key] = Stored(digest, answer)
+            try:
+                for key, digest, answer in keys:
+                    cursor = self.db.execute(_INSERT, (key, digest, answer, now))
+                    if cursor.rowcount == 1:
+                        self._last_seq = cursor.lastrowid or 0
+                        continue
+                    held_digest, held_answer, stored = self.db.execute(_SELECT, (key,)).fetchone()
+                    if stored < oldest:
+                        expired.append((key,))
+                    else:
+                        held[key] = Stored(held_digest, held_answer)
+            except BaseException:
+                self.rollback()
+                raise
             if not expired:
                 self._inserted = len(keys) - len(held)
                 return held
