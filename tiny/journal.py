@@ -69,6 +69,9 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 _TABLE = "idempotency_keys"
 _INSERT = f"INSERT INTO {_TABLE} (key, digest, answer, stored) VALUES (?, ?, ?, ?) ON CONFLICT (key) DO NOTHING"
 _SELECT = f"SELECT digest, answer, stored FROM {_TABLE} WHERE key = ?"
+# Two subqueries: SQLite reads min() or max() off the index end only when it is a query's one aggregate
+# (one query with both scanned the table: 140 µs a commit at 20k keys).
+_BOUNDS = f"SELECT (SELECT min(seq) FROM {_TABLE}), (SELECT max(seq) FROM {_TABLE})"
 _LIVE, _FINISHED = b"I", b"-"  # the intent's first byte: a flush under way, or none
 _EXPIRE_EVERY = 1000  # commits between two deletions of the keys past the window (and at start)
 _RECOUNT_EVERY = 64  # commits between two readings of the oldest key's seq (``held``)
@@ -132,7 +135,6 @@ class Journal:
             with self._transaction():
                 self._db.execute(_SCHEMA)
                 self._upgrade()
-            self._first_seq = self._oldest()
         self._db.execute(f"PRAGMA synchronous={'FULL' if self.fsync else 'NORMAL'}")
         if self.fsync:
             os.fsync(self._intent_fd)
@@ -185,7 +187,7 @@ class Journal:
         return repaired
 
     def _stored(self, key: str) -> bool:
-        return self.db.execute(f"SELECT 1 FROM {_TABLE} WHERE key = ?", (key,)).fetchone() is not None
+        return self.db.execute(_SELECT, (key,)).fetchone() is not None
 
     def _upgrade(self) -> None:
         """Take over the tables of the first version (lock held, in the caller's transaction):
@@ -289,26 +291,25 @@ class Journal:
             if not self.db.in_transaction:
                 self.db.execute("BEGIN IMMEDIATE")
             inserted, self._inserted = self._inserted, 0
-            last = self._last_seq if inserted else self._newest()
+            last = self._last_seq if inserted else self._bounds()[1]
             if not self._first_seq or last < self._first_seq or self._commits % _RECOUNT_EVERY == 0:
                 # unknown, or stale: other processes expire keys too, and seq starts at 1
                 # again once the table is empty
-                self._first_seq = self._oldest()
+                self._first_seq = self._bounds()[0]
             self.held = last - self._first_seq + 1 if last else 0
             if expire or self.held > self.max_keys:
                 self._expire(time.time(), before=last - inserted + 1)
-                self._first_seq = self._oldest()
-                self.held = self._newest() - self._first_seq + 1 if self._first_seq else 0
+                self._first_seq, last = self._bounds()
+                self.held = last - self._first_seq + 1 if last else 0
             self.db.execute("COMMIT")
         except BaseException:
             self.rollback()
             raise
 
-    def _oldest(self) -> int:
-        return int(self.db.execute(f"SELECT min(seq) FROM {_TABLE}").fetchone()[0] or 0)
-
-    def _newest(self) -> int:
-        return int(self.db.execute(f"SELECT max(seq) FROM {_TABLE}").fetchone()[0] or 0)
+    def _bounds(self) -> tuple[int, int]:
+        """The seqs of the oldest and the newest key (0, 0 when there is none)."""
+        oldest, newest = self.db.execute(_BOUNDS).fetchone()
+        return oldest or 0, newest or 0
 
     def finish(self) -> None:
         """Mark the intent finished: the commit point of a flush without keys (one with keys is
@@ -336,8 +337,9 @@ class Journal:
         ).fetchone()
         limit = min(before, first_kept[0] if first_kept else before)
         self.db.execute(f"DELETE FROM {_TABLE} WHERE seq < ?", (limit,))
-        excess = self._newest() - self._oldest() + 1 - self.max_keys
-        if excess > 0 and self._oldest():
+        oldest, newest = self._bounds()
+        excess = newest - oldest + 1 - self.max_keys if newest else 0
+        if excess > 0:
             self.db.execute(
                 f"DELETE FROM {_TABLE} WHERE seq IN (SELECT seq FROM {_TABLE} WHERE seq < ? ORDER BY seq LIMIT ?)",
                 (before, excess),
