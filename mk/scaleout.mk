@@ -3,12 +3,12 @@
 
 SUPERVISOR_CONF := supervisor/supervisord.conf
 DOCKER_TESTS    := tests/test_docker.py
-TINY_CLUSTER_PORT ?= 8000
+TINY_CLUSTER_PORT ?= 8888
 TINY_CLUSTER_SIZE ?= 4
 
 .PHONY: cluster cluster-stop images-offline test-docker
 
-cluster: venv sysdeps ## nginx on 127.0.0.1:8888 over TINY_CLUSTER_SIZE (4) instances on TINY_CLUSTER_PORT+1.. (8001-), in the foreground
+cluster: venv sysdeps ## nginx on 127.0.0.1:TINY_CLUSTER_PORT (8888) over TINY_CLUSTER_SIZE (4) instances on the ports after it, in the foreground
 	mkdir -p data var/log var/nginx
 	TINY_CLUSTER_PORT=$(TINY_CLUSTER_PORT) TINY_CLUSTER_SIZE=$(TINY_CLUSTER_SIZE) exec supervisord -n -c $(SUPERVISOR_CONF)
 

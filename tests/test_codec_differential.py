@@ -703,11 +703,3 @@ def test_a_body_of_many_days_and_many_bad_lines_matches_at_the_default_limits() 
     record = {"date": "", "time": "00:50:55", "size": 1, "package": "caret", "ip_id": 1}
     lines = [orjson.dumps({**record, "date": f"2014-{1 + n % 12:02d}-{1 + n % 28:02d}"}) for n in range(40)]
     assert_same(b"\n".join(lines + [b"x"] * 3000 + lines))
-
-
-@FUZZ
-@given(st.binary(max_size=5000))
-def test_digest_matches(body: bytes) -> None:
-    from tiny.codec import digest_reference
-
-    assert _codec.digest(body) == digest_reference(body)

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import SCALE
 from tests.support import Load, Server, record
-from tests.test_workers import alive, wait_for, worker_pids
+from tests.test_workers import alive, wait_for
 
 pytestmark = pytest.mark.reliability  # `make reliability` runs these longer
 
@@ -32,10 +32,10 @@ def test_kill9_of_a_worker_under_load_loses_no_acked_row(tmp_path: Path, figures
     with Server(tmp_path / "data", processes=2) as server:
         load = Load(server.port, "2014-05-04", clients=8, size=200).start()
         time.sleep(1.0 * SCALE)
-        victim = min(worker_pids(server))
+        victim = min(server.worker_pids())
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
-        assert wait_for(lambda: victim not in worker_pids(server) and len(worker_pids(server)) == 2, 3.0)
+        assert wait_for(lambda: victim not in server.worker_pids() and len(server.worker_pids()) == 2, 3.0)
         restarted = time.monotonic() - killed
         time.sleep(1.5 * SCALE)
         load.stop()
@@ -82,7 +82,7 @@ def test_kill9_of_the_parent_leaves_no_orphan_and_the_port_restarts(tmp_path: Pa
     load = Load(server.port, "2014-05-04", clients=4, size=200).start()
     try:
         time.sleep(1.0 * SCALE)
-        workers, port = worker_pids(server), server.port
+        workers, port = server.worker_pids(), server.port
         os.kill(server.pid, signal.SIGKILL)
         killed = time.monotonic()
         assert wait_for(lambda: not any(alive(pid) for pid in workers), 5.0), "orphaned workers kept serving"
@@ -134,10 +134,12 @@ def test_file_size_limit_gets_503_keeps_lines_whole_and_recovers(tmp_path: Path,
         day = tmp_path / "data" / "2014-05-04.csv"
         assert day.stat().st_size <= limit
         counts = load.check_day_file(day.parent)
-        assert server.request("GET", "/healthz").status == 200  # still running
-        resource.prlimit(server.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        health = server.request("GET", "/healthz")  # still running, and it says writes fail
+        assert health.status == 503 and "File too large" in health.json()["reason"], health.body
+        resource.prlimit(server.worker_pid(), resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
         recovered = server.ingest(b"\n".join(load.batch(1, 0)))
         assert recovered.status == 200
+        assert server.request("GET", "/healthz").status == 200
         load.note(load.batch(1, 0), 200)
         counts = load.check_day_file(day.parent)
     figures.update(
@@ -256,7 +258,7 @@ def test_a_date_can_never_name_a_file_outside_the_data_dir(tmp_path: Path, date:
         answer = server.ingest(orjson.dumps(record(date=date))).json()
         assert answer["result"]["stats"]["records"]["invalid"] == 1
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
-    assert all(p.startswith(("a/data/rejects/", "a/data/.tiny/")) for p in written), written  # rejects, journal
+    assert all(p.startswith(("a/data/rejects/", "a/data/.tiny/", "a/data/.tiny-id")) for p in written), written
 
 
 def _nofile(limit: int) -> None:
@@ -326,15 +328,16 @@ def test_accept_errors_back_off_instead_of_spinning(tmp_path: Path) -> None:
     """When accept() runs out of descriptors (the limit lowered under a running worker), the
     worker logs about once a second and pauses, instead of a traceback per try at 100% CPU."""
     with Server(tmp_path / "data") as server:
-        in_use = len(os.listdir(f"/proc/{server.pid}/fd"))
-        soft, hard = resource.prlimit(server.pid, resource.RLIMIT_NOFILE)
-        resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (in_use, hard))
-        cpu_before = _cpu_seconds(server.pid)
+        worker = server.worker_pid()
+        in_use = len(os.listdir(f"/proc/{worker}/fd"))
+        soft, hard = resource.prlimit(worker, resource.RLIMIT_NOFILE)
+        resource.prlimit(worker, resource.RLIMIT_NOFILE, (in_use, hard))
+        cpu_before = _cpu_seconds(worker)
         waiting = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(5)]
         time.sleep(2.5)
-        cpu = _cpu_seconds(server.pid) - cpu_before
+        cpu = _cpu_seconds(worker) - cpu_before
         errors = server.log().count("accept() failed")
-        resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        resource.prlimit(worker, resource.RLIMIT_NOFILE, (soft, hard))
         answer = _exchange(waiting[0], b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         for sock in waiting:
             sock.close()

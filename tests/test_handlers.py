@@ -290,9 +290,10 @@ def test_a_kilobyte_of_gzip_cannot_buy_gigabytes_of_memory_or_disk(tmp_path: Pat
     """A 1 KB gzip body of 500,000 invalid lines: bounded memory, bounded rejects, exact counts."""
     body = gzip.compress(b"x\n" * 500_000, 9)
     with Server(tmp_path / "data") as server:
-        before = memory(server.pid, "VmHWM")
+        worker = server.worker_pid()
+        before = memory(worker, "VmHWM")
         answer = server.ingest(body, {"Content-Encoding": "gzip"}).json()
-        grown = memory(server.pid, "VmHWM") - before
+        grown = memory(worker, "VmHWM") - before
     kept = [orjson.loads(x) for x in next((tmp_path / "data" / "rejects").glob("*.ndjson")).read_bytes().splitlines()]
     figures.update(
         case="a 1 KB gzip body of 500,000 invalid lines",

@@ -18,7 +18,6 @@ import orjson
 import pytest
 
 from tests.support import Server, record, rows_of
-from tests.test_workers import worker_pids
 from tiny.codec import encode_reference
 
 pytestmark = pytest.mark.hardening("exactly once: no batch could be retried safely")
@@ -133,15 +132,15 @@ def test_a_retry_after_the_window_is_processed_as_new(tmp_path: Path) -> None:
 
 
 def test_past_max_keys_the_oldest_keys_go_first(tmp_path: Path) -> None:
-    with Server(tmp_path / "data", "--idempotency-max-keys", "5") as server:
-        for batch in range(8):
-            assert server.ingest(body_of(batch), key(batch)).status == 200
-        newest = server.ingest(body_of(7), key(7))
-        oldest = server.ingest(body_of(0), key(0))
+    with Server(tmp_path / "data", "--idempotency-max-keys", "256") as server:
+        for batch in range(260):
+            assert server.ingest(body_of(batch, size=1), key(batch)).status == 200
+        newest = server.ingest(body_of(259, size=1), key(259))
+        oldest = server.ingest(body_of(0, size=1), key(0))
         metrics = server.request("GET", "/metrics").body.decode()
     assert newest.headers.get("idempotent-replayed") == "true"
     assert "idempotent-replayed" not in oldest.headers  # forgotten: written again
-    assert "tiny_idempotency_keys 5.0" in metrics or "tiny_idempotency_keys 6.0" in metrics
+    assert "tiny_idempotency_keys 256.0" in metrics or "tiny_idempotency_keys 257.0" in metrics
 
 
 def test_metrics_count_replays_conflicts_and_keys(tmp_path: Path) -> None:
@@ -274,7 +273,7 @@ def test_kill9_of_workers_at_random_moments_leaves_every_batch_exactly_once(
 
         def killer() -> None:
             while len(kills) < 6 and not enough.wait(random.uniform(0.3, 0.8)):
-                pids = worker_pids(server)
+                pids = server.worker_pids()
                 if pids:
                     victim = random.choice(sorted(pids))
                     try:

@@ -1,33 +1,62 @@
-"""The journal on its own: the intent record, the key table, and taking over the first version's."""
+"""The journal on its own: the intent record, the key table, expiry, and the data dir's identity."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from tiny import layout
-from tiny.journal import Intent, Journal
+from tiny.journal import WAL_LIMIT, Claim, Intent, Journal, JournalError, LockTimeout
 
 
-def opened(data: Path, **kwargs: object) -> Journal:
+def opened(data: Path, accept_new: bool = False, **kwargs: object) -> Journal:
     journal = Journal(data, **kwargs)  # type: ignore[arg-type]
-    journal.open()
+    journal.open(accept_new=accept_new)
     return journal
 
 
-def commit(journal: Journal, keys: list[tuple[str, bytes, bytes]]) -> None:
+def claims(*keys: str, digest: bytes = b"d", answer: bytes = b"a") -> list[Claim]:
+    return [Claim(key, digest, answer) for key in keys]
+
+
+def commit(journal: Journal, keys: list[Claim]) -> None:
     """A flush of ``keys`` that writes no data (lock held)."""
     journal.claim(keys)
     journal.commit()
+
+
+def flush(journal: Journal, data: Path, name: str, rows: bytes, *keys: str) -> None:
+    """One whole flush as the sink does it: claim, intent, write, commit, mark."""
+    path = data / name
+    before = path.stat().st_size if path.exists() else 0
+    with journal.locked():
+        journal.recover()
+        journal.claim(claims(*keys))
+        journal.intend([Intent(name, before, before + len(rows), not path.exists())], keys[0] if keys else None)
+        with open(path, "ab") as out:
+            out.write(rows)
+        journal.commit()
+        journal.finish()
+
+
+def refusal(data: Path, accept_new: bool = False, **kwargs: object) -> str:
+    """The message of the JournalError that opening ``data``'s journal raises."""
+    with pytest.raises(JournalError) as raised:
+        opened(data, accept_new, **kwargs)
+    return str(raised.value)
 
 
 def test_a_finished_flush_leaves_nothing_to_recover(tmp_path: Path) -> None:
     (tmp_path / "d.csv").write_bytes(b"h\n1\n")
     journal = opened(tmp_path)
     with journal.locked():
-        journal.intend([Intent("d.csv", 4, False)])
+        journal.intend([Intent("d.csv", 4, 6, False)])
         (tmp_path / "d.csv").write_bytes(b"h\n1\n2\n")
         journal.commit()
         journal.finish()
@@ -35,18 +64,31 @@ def test_a_finished_flush_leaves_nothing_to_recover(tmp_path: Path) -> None:
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n"
 
 
+def test_an_unfinished_flush_is_cut_back_to_the_sizes_it_recorded(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_bytes(b"h\n1\n")
+    journal = opened(tmp_path)
+    with journal.locked():
+        journal.intend([Intent("d.csv", 4, 8, False), Intent("new.csv", 0, 4, True)])
+        (tmp_path / "d.csv").write_bytes(b"h\n1\n2\n3")  # killed mid-write
+        (tmp_path / "new.csv").write_bytes(b"h\n")
+    with journal.locked():
+        assert journal.recover() == 2
+        assert journal.recover() == 0  # and it was marked
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n" and not (tmp_path / "new.csv").exists()
+
+
 def test_an_intent_torn_while_written_is_dropped_and_cuts_nothing(tmp_path: Path) -> None:
     """A flush killed inside the intent's pwrite wrote no data yet: its record fails the CRC."""
     (tmp_path / "d.csv").write_bytes(b"h\n1\n")
     journal = opened(tmp_path)
     with journal.locked():
-        journal.intend([Intent("d.csv", 2, False)])  # as if it claimed the file was shorter
+        journal.intend([Intent("d.csv", 2, 4, False)])  # as if it claimed the file was shorter
     intent = layout.intent_path(tmp_path)
     record = intent.read_bytes()
     intent.write_bytes(record[:-3])  # the end of the record never reached the file
     with journal.locked():
         assert journal.recover() == 0
-        assert journal.recover() == 0  # and it was marked finished
+        assert journal.recover() == 0  # and it was marked
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"
 
 
@@ -54,9 +96,9 @@ def test_a_shorter_intent_over_a_longer_one_is_read_by_its_own_length(tmp_path: 
     (tmp_path / "a.csv").write_bytes(b"h\n1\n")
     journal = opened(tmp_path)
     with journal.locked():
-        journal.intend([Intent(f"{n:040d}.csv", 0, True) for n in range(20)])
+        journal.intend([Intent(f"{n:040d}.csv", 0, 0, True) for n in range(20)])
         journal.finish()
-        journal.intend([Intent("a.csv", 2, False)])
+        journal.intend([Intent("a.csv", 2, 4, False)])
     with journal.locked():
         assert journal.recover() == 1
     assert (tmp_path / "a.csv").read_bytes() == b"h\n"
@@ -66,8 +108,8 @@ def test_a_flush_whose_first_key_is_stored_committed_and_keeps_its_rows(tmp_path
     (tmp_path / "d.csv").write_bytes(b"h\n")
     journal = opened(tmp_path)
     with journal.locked():
-        assert journal.claim([("k1", b"digest", b"answer"), ("k2", b"digest", b"answer")]) == {}
-        journal.intend([Intent("d.csv", 2, False)], "k1")
+        assert journal.claim(claims("k1", "k2")) == {}
+        journal.intend([Intent("d.csv", 2, 4, False)], "k1")
         (tmp_path / "d.csv").write_bytes(b"h\n1\n")
         journal.commit()
         # killed here: the keys are stored, the intent still live
@@ -82,16 +124,14 @@ def test_a_key_met_past_the_window_is_gone_before_the_flush_that_rewrites_it(tmp
     (tmp_path / "d.csv").write_bytes(b"h\n")
     journal = opened(tmp_path, window=0.05)
     with journal.locked():
-        commit(journal, [("k", b"digest", b"answer")])
+        commit(journal, claims("k"))
     time.sleep(0.1)
     with journal.locked():
-        assert journal.claim([("k", b"digest2", b"answer2")]) == {}  # past the window: new
-        journal.intend([Intent("d.csv", 2, False)], "k")
+        assert journal.claim(claims("k", digest=b"d2")) == {}  # past the window: new
+        journal.intend([Intent("d.csv", 2, 4, False)], "k")
         (tmp_path / "d.csv").write_bytes(b"h\n1\n")
     journal.close()  # killed before the commit: SQLite drops the open transaction
-    journal = opened(tmp_path, window=0.05)
-    with journal.locked():
-        assert journal.recover() == 1
+    journal = opened(tmp_path, window=0.05)  # its recovery at open cuts the file back
     assert (tmp_path / "d.csv").read_bytes() == b"h\n"
 
 
@@ -99,8 +139,8 @@ def test_past_max_keys_the_oldest_go_but_never_those_of_the_flush_committing(tmp
     journal = opened(tmp_path, max_keys=3)
     with journal.locked():
         for n in range(4):
-            commit(journal, [(f"old{n}", b"d", b"a")])
-        commit(journal, [(f"new{n}", b"d", b"a") for n in range(5)])  # more than max_keys at once
+            commit(journal, claims(f"old{n}"))
+        commit(journal, claims(*(f"new{n}" for n in range(5))))  # more than max_keys at once
     held = [key for (key,) in journal.db.execute("SELECT key FROM idempotency_keys")]
     assert sorted(held) == [f"new{n}" for n in range(5)]
     assert journal.held == 5
@@ -109,62 +149,228 @@ def test_past_max_keys_the_oldest_go_but_never_those_of_the_flush_committing(tmp
 def test_the_count_of_keys_follows_commits_and_expiry(tmp_path: Path) -> None:
     journal = opened(tmp_path, window=0.05)
     with journal.locked():
-        commit(journal, [("a", b"d", b"x"), ("b", b"d", b"x")])
-        commit(journal, [("c", b"d", b"x")])
+        commit(journal, claims("a", "b"))
+        commit(journal, claims("c"))
         assert journal.held == 3
         time.sleep(0.1)
-        for _ in range(1000):  # the next expiry runs at the 1001st commit
-            journal.commit()
-        assert journal.held == 0
-
-
-def test_the_first_versions_journal_is_taken_over(tmp_path: Path) -> None:
-    """Its keys stay (a retry is still answered from them) and its unfinished flush, kept
-    in a table then, is undone."""
-    layout.state_dir(tmp_path).mkdir()
-    (tmp_path / "d.csv").write_bytes(b"h\n1\n2\n")
-    db = sqlite3.connect(layout.journal_path(tmp_path))
-    db.executescript(
-        """
-        CREATE TABLE intent (name TEXT PRIMARY KEY, size_before INTEGER NOT NULL, created INTEGER NOT NULL);
-        CREATE TABLE keys (
-            key TEXT PRIMARY KEY, digest BLOB NOT NULL, answer BLOB NOT NULL, stored REAL NOT NULL
-        ) WITHOUT ROWID;
-        CREATE INDEX keys_by_age ON keys (stored);
-        CREATE TABLE counts (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-        INSERT INTO counts VALUES ('keys', 2);
-        INSERT INTO intent VALUES ('d.csv', 4, 0);
-        """
-    )
-    db.executemany(
-        "INSERT INTO keys VALUES (?, ?, ?, ?)", [("k1", b"d1", b"a1", time.time()), ("k2", b"d2", b"a2", 1.0)]
-    )
-    db.commit()
-    db.close()
-    journal = opened(tmp_path, window=3600)
-    with journal.locked():
-        found = journal.claim([("k1", b"x", b"x"), ("k2", b"d3", b"a3")])
-        journal.rollback()
-    assert {key: (s.digest, s.answer) for key, s in found.items()} == {"k1": (b"d1", b"a1")}  # k2: past the window
-    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"
-    tables = {name for (name,) in journal.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert tables == {"idempotency_keys"}
-    journal.close()
-    assert os.path.getsize(layout.intent_path(tmp_path)) == 0
+        commit(journal, claims("d"))  # expires a, b and c on the way
+        assert journal.held == 1
 
 
 def test_the_count_of_keys_holds_when_another_process_emptied_the_table(tmp_path: Path) -> None:
     """Once every key is gone, SQLite numbers the next one 1 again, below the oldest seq the
     first process remembers."""
-    first, second = opened(tmp_path, max_keys=3), opened(tmp_path, window=0.05)
+    first, second = opened(tmp_path, max_keys=3), opened(tmp_path)
     with first.locked():
-        commit(first, [(f"k{n}", b"d", b"x") for n in range(10)])
-        commit(first, [("k10", b"d", b"x")])  # past max_keys: it keeps seq 9-11
+        commit(first, claims(*(f"k{n}" for n in range(10))))
+        commit(first, claims("k10"))  # past max_keys: it keeps seq 9-11
         assert first.held == 3
-    time.sleep(0.1)
     with second.locked():
-        for _ in range(1001):
-            second.commit()
+        second.db.execute("DELETE FROM idempotency_keys")  # all of them expired, say
     with first.locked():
-        commit(first, [("again", b"d", b"x")])
+        commit(first, claims("again"))
     assert first.held == 1
+
+
+def test_a_flush_expires_at_most_twice_its_keys_plus_eight_of_a_backlog(tmp_path: Path) -> None:
+    """5,000 keys past the window (a data dir idle for a day): no flush pays for all of them
+    (the old tree deleted 198k in one flush, 445 ms, and the -wal grew to 44 MB)."""
+    journal = opened(tmp_path, window=3600)
+    stale = time.time() - 7200
+    with journal.locked():
+        journal.db.executemany(
+            "INSERT INTO idempotency_keys (key, digest, answer, stored) VALUES (?, 'd', 'a', ?)",
+            [(f"stale{n}", stale) for n in range(5000)],
+        )
+    left = [5000]
+    with journal.locked():
+        for n in range(600):
+            before = journal.expired
+            commit(journal, claims(f"fresh{n}"))
+            assert journal.expired - before <= 2 * 1 + 8
+            left.append(
+                journal.db.execute("SELECT count(*) FROM idempotency_keys WHERE stored < ?", (stale + 1,)).fetchone()[0]
+            )
+    assert left[-1] == 0 and left[1] == 5000 - 10  # it kept up, then caught up
+    assert journal.held == 600
+
+
+def test_the_wal_is_cut_back_to_its_limit_after_a_checkpoint(tmp_path: Path) -> None:
+    journal = opened(tmp_path)
+    with journal.locked():
+        for n in range(300):
+            commit(journal, [Claim(f"k{n}-{i}", b"d" * 16, b"a" * 4000) for i in range(10)])
+    journal.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    journal.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    wal = layout.journal_path(tmp_path).with_name("journal.sqlite3-wal")
+    assert wal.stat().st_size <= WAL_LIMIT
+
+
+def test_the_digest_is_128_bits_keyed_by_the_journal(tmp_path: Path) -> None:
+    first, second = opened(tmp_path / "a"), opened(tmp_path / "b")
+    assert len(first.digest(b"body")) == 16
+    assert first.digest(b"body") == first.digest(b"body") != second.digest(b"body")
+
+
+# -- the lock ----------------------------------------------------------------------------
+
+
+def test_a_busy_lock_times_out_naming_its_holder(tmp_path: Path) -> None:
+    journal, other = opened(tmp_path, lock_timeout=0.3), opened(tmp_path)
+    with other.locked():
+        started = time.monotonic()
+        with pytest.raises(LockTimeout) as raised, journal.locked():
+            pass
+    assert 0.3 <= time.monotonic() - started < 1.0
+    assert f"held by pid {os.getpid()} on " in str(raised.value)
+    with journal.locked():  # free again
+        pass
+
+
+def test_a_lock_file_deleted_while_open_stops_writes_and_is_refused_at_open(tmp_path: Path) -> None:
+    """The old tree let a restarted worker lock a new inode while the others locked the old one."""
+    journal = opened(tmp_path)
+    layout.lock_path(tmp_path).unlink()
+    with pytest.raises(JournalError, match="lock was deleted while the server ran"), journal.locked():
+        pass
+    assert "was deleted or replaced" in refusal(tmp_path)
+    assert "--new-journal" in refusal(tmp_path)
+    opened(tmp_path, accept_new=True).close()  # knowingly: a fresh journal
+    opened(tmp_path).close()
+
+
+def test_the_identity_files_are_written_with_one_id(tmp_path: Path) -> None:
+    journal = opened(tmp_path)
+    dir_id = layout.identity_path(tmp_path).read_text().strip()
+    assert layout.lock_path(tmp_path).read_bytes()[:32].decode() == dir_id == journal.dir_id
+    (meta,) = journal.db.execute("SELECT value FROM meta WHERE name = 'data_dir_id'").fetchone()
+    assert meta == dir_id.encode()
+
+
+# -- what open() refuses ------------------------------------------------------------------
+
+
+def test_a_deleted_journal_is_refused(tmp_path: Path) -> None:
+    """The old tree made a new, empty one: 80 of 80 retried keyed batches were written again."""
+    opened(tmp_path).close()
+    layout.journal_path(tmp_path).unlink()
+    assert "is missing" in refusal(tmp_path)
+
+
+def test_a_journal_truncated_to_nothing_is_refused(tmp_path: Path) -> None:
+    opened(tmp_path).close()
+    layout.journal_path(tmp_path).write_bytes(b"")
+    assert "holds no data dir id" in refusal(tmp_path)
+
+
+def test_a_journal_overwritten_with_garbage_is_refused(tmp_path: Path) -> None:
+    opened(tmp_path).close()
+    layout.journal_path(tmp_path).write_bytes(b"not a database at all" * 300)
+    assert "damaged" in refusal(tmp_path) or "cannot be read" in refusal(tmp_path)
+
+
+def test_a_journal_from_another_data_dir_is_refused(tmp_path: Path) -> None:
+    opened(tmp_path / "a").close()
+    opened(tmp_path / "b").close()
+    shutil.copy(layout.journal_path(tmp_path / "b"), layout.journal_path(tmp_path / "a"))
+    assert "belongs to data dir" in refusal(tmp_path / "a")
+
+
+def test_a_journal_that_lost_its_wal_is_refused(tmp_path: Path) -> None:
+    """Its newest keys were only in the -wal: the intent still names the last one committed."""
+    data = tmp_path / "data"
+    journal = opened(data)
+    flush(journal, data, "d.csv", b"1\n", "k1")
+    snapshot = layout.journal_path(data).read_bytes()  # the database file without its -wal
+    flush(journal, data, "d.csv", b"2\n", "k2")
+    flush(journal, data, "d.csv", b"3\n")  # a flush without keys: its intent still names k2
+    journal.db.close()  # a clean close would checkpoint: stand for a kill -9 instead
+    journal._db = None
+    journal.close()
+    layout.journal_path(data).write_bytes(snapshot)
+    for suffix in ("-wal", "-shm"):
+        layout.journal_path(data).with_name("journal.sqlite3" + suffix).unlink(missing_ok=True)
+    assert "lacks the key 'k2'" in refusal(data)
+
+
+def test_files_shorter_than_the_last_committed_flush_left_them_are_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    journal = opened(data)
+    flush(journal, data, "d.csv", b"h\n1\n", "k1")
+    journal.close()
+    (data / "d.csv").write_bytes(b"h\n")  # a restore of older files, or a cut by hand
+    assert "shorter than the 4 the last committed flush left" in refusal(data)
+
+
+def test_a_data_dir_copied_while_a_flush_ran_is_refused(tmp_path: Path) -> None:
+    """`cp -r` took .tiny/ with a flush's intent live, then the day file after more flushes:
+    the old tree cut 24,900 acknowledged rows back to the intent's size."""
+    data = tmp_path / "data"
+    journal = opened(data)
+    flush(journal, data, "d.csv", b"h\n1\n", "k1")
+    with journal.locked():
+        journal.claim(claims("k2"))
+        journal.intend([Intent("d.csv", 4, 6, False)], "k2")  # copied now, mid-flush
+        copy = tmp_path / "copy"
+        shutil.copytree(data, copy)
+        with open(data / "d.csv", "ab") as out:
+            out.write(b"2\n")
+        journal.commit()
+        journal.finish()
+    flush(journal, data, "d.csv", b"3\n4\n", "k3")
+    shutil.copy(data / "d.csv", copy / "d.csv")  # the day file, copied last
+    message = refusal(copy)
+    assert "past the 6 that the unfinished flush" in message and "tiny-admin backup" in message
+    assert (copy / "d.csv").read_bytes() == b"h\n1\n2\n3\n4\n"  # nothing cut
+
+
+def test_a_journal_of_the_earlier_format_is_refused_and_new_journal_replaces_it(tmp_path: Path) -> None:
+    layout.state_dir(tmp_path).mkdir()
+    db = sqlite3.connect(layout.journal_path(tmp_path))
+    db.execute("CREATE TABLE idempotency_keys (seq INTEGER PRIMARY KEY, key TEXT UNIQUE, digest, answer, stored)")
+    db.commit()
+    db.close()
+    layout.intent_path(tmp_path).write_bytes(b"")
+    assert "earlier format" in refusal(tmp_path)
+    opened(tmp_path, accept_new=True).close()
+    assert list(tmp_path.glob(".tiny.replaced-*"))  # the old one is kept aside
+    opened(tmp_path).close()
+
+
+def test_another_journal_mode_is_refused_even_with_new_journal(tmp_path: Path) -> None:
+    opened(tmp_path, mode="wal").close()
+    for accept_new in (False, True):
+        assert "tiny-admin set-journal-mode" in refusal(tmp_path, accept_new, mode="delete")
+
+
+def test_an_interrupted_first_start_is_finished_by_the_next(tmp_path: Path) -> None:
+    opened(tmp_path).close()
+    identity = layout.identity_path(tmp_path)
+    identity.rename(identity.with_name(".tiny-id.new"))  # killed before the last rename
+    journal = opened(tmp_path)
+    assert identity.exists() and journal.dir_id == identity.read_text().strip()
+
+
+def test_a_failed_open_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """The old tree leaked the lock's descriptor on each failed open: 20,000 of them."""
+    opened(tmp_path).close()
+    journal_path = layout.journal_path(tmp_path)
+    journal_path.unlink()
+    journal_path.mkdir()  # cannot be opened as a database
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        journal = Journal(tmp_path)
+        with pytest.raises(JournalError, match=str(journal_path)):
+            journal.open()
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_a_lock_held_elsewhere_bounds_even_the_open(tmp_path: Path) -> None:
+    layout.state_dir(tmp_path).mkdir()
+    holder = os.open(layout.lock_path(tmp_path), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(LockTimeout):
+            opened(tmp_path, lock_timeout=0.2)
+    finally:
+        os.close(holder)

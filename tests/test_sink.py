@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
+import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 
+from tiny import layout
+from tiny.journal import Claim, Journal, Stored
 from tiny.sink import BacklogFull, DailyFileSink, SinkError
 
 HEADER = b"h\n"
@@ -198,7 +203,7 @@ def test_a_flush_killed_mid_write_is_cut_back_to_its_exact_size_by_the_next(tmp_
     journal = Journal(tmp_path)
     journal.open()
     with journal.locked():
-        journal.intend([Intent("d.csv", 5, False), Intent("new.csv", 0, True)])
+        journal.intend([Intent("d.csv", 5, 13, False), Intent("new.csv", 0, 5, True)])
     with open(tmp_path / "d.csv", "ab") as torn:
         torn.write(b"\n9\n9\n9")  # the killed flush got this far
     (tmp_path / "new.csv").write_bytes(b"h\n9")
@@ -206,3 +211,216 @@ def test_a_flush_killed_mid_write_is_cut_back_to_its_exact_size_by_the_next(tmp_
     append_then_close(tmp_path, {"d.csv": b"3\n"})
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n3\n"
     assert not (tmp_path / "new.csv").exists()
+
+
+# -- exactly once under failures (issue "Exactly-once under hangs, damage and operators' mistakes")
+
+
+def keyed(sink: DailyFileSink, key: str, rows: bytes) -> asyncio.Future[Stored | None]:
+    return sink.append({"d.csv": rows}, Claim(key, b"digest of " + rows, b"answer to " + rows))
+
+
+@pytest.mark.hardening("exactly once 1: one key with two bodies in one flush wrote one and claimed the other")
+def test_one_key_with_two_bodies_in_one_flush_the_first_append_decides(tmp_path: Path) -> None:
+    """The old tree wrote the first body's rows but stored the last one's digest and answer:
+    the written body's retry got 422, the other's 200 (replayed, never written)."""
+
+    async def go() -> list[Stored | None]:
+        sink, _ = make(tmp_path)
+        blocker = sink.append({"d.csv": b"0\n"})  # the next two wait for this flush: one group
+        pair = [keyed(sink, "k", b"first\n"), keyed(sink, "k", b"second\n")]
+        await blocker
+        results = list(await asyncio.gather(*pair))
+        results += [await keyed(sink, "k", b"second\n"), await keyed(sink, "k", b"first\n")]  # retries
+        await sink.close()
+        return results
+
+    first, second, retry_second, retry_first = run(go())  # type: ignore[misc]
+    decided = Stored(b"digest of first\n", b"answer to first\n")
+    assert first is None and second == retry_second == retry_first == decided
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n0\nfirst\n"
+
+
+def test_later_appends_of_one_key_in_one_flush_write_nothing(tmp_path: Path) -> None:
+    async def go() -> list[Stored | None]:
+        sink, _ = make(tmp_path)
+        blocker = sink.append({"d.csv": b"0\n"})
+        same = [keyed(sink, "k", b"1\n") for _ in range(5)]
+        await blocker
+        results = list(await asyncio.gather(*same))
+        await sink.close()
+        return results
+
+    results = run(go())
+    assert results[0] is None and results[1:] == [Stored(b"digest of 1\n", b"answer to 1\n")] * 4  # type: ignore[index]
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n1\n"
+
+
+@pytest.mark.hardening("exactly once 9: a failed key commit left the rows on disk after its 503")
+def test_a_failed_keys_commit_cuts_the_rows_back_before_the_answer(tmp_path: Path) -> None:
+    """The old tree left them until the next flush's recovery, even across a clean stop."""
+
+    async def go() -> None:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"0\n"})
+        real = sink.journal.commit
+
+        def full() -> None:
+            sink.journal.rollback()
+            raise sqlite3.OperationalError("database or disk is full")
+
+        sink.journal.commit = full  # type: ignore[method-assign]
+        with pytest.raises(SinkError, match="disk is full"):
+            await keyed(sink, "k", b"1\n")
+        assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n"  # at the answer, not later
+        sink.journal.commit = real  # type: ignore[method-assign]
+        assert await keyed(sink, "k", b"1\n") is None  # the retry is processed afresh
+        await sink.close()
+
+    run(go())
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n1\n"
+
+
+@pytest.mark.hardening("exactly once 7: a failed mark after the key commit wrote rows twice and said 503")
+def test_a_failed_mark_after_the_keys_committed_is_still_a_success(tmp_path: Path) -> None:
+    """The flush committed with its keys: the old tree answered 503 'nothing kept', and wrote
+    the unkeyed rows of the same flush a second time when it retried them one by one."""
+
+    async def go() -> list[object]:
+        sink, _ = make(tmp_path)
+        blocker = sink.append({"d.csv": b"0\n"})
+        mark = sink.journal._mark
+        failures = [OSError(5, "Input/output error")]
+
+        def failing(state: bytes) -> None:
+            if state == b"-" and failures:
+                raise failures.pop()
+            mark(state)
+
+        sink.journal._mark = failing  # type: ignore[method-assign]
+        group = [keyed(sink, "k", b"1\n"), sink.append({"d.csv": b"2\n"})]
+        await blocker
+        results = await asyncio.gather(*group, return_exceptions=True)
+        await sink.append({"d.csv": b"3\n"})  # its recovery finds k stored and keeps the rows
+        await sink.close()
+        return results
+
+    assert run(go()) == [None, None]
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n1\n2\n3\n"
+
+
+def test_a_failed_mark_of_a_flush_without_keys_cuts_it_back(tmp_path: Path) -> None:
+    """Without keys the mark is the commit point: failing, nothing of the flush stays."""
+
+    async def go() -> None:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"0\n"})
+        mark = sink.journal._mark
+
+        def failing(state: bytes) -> None:
+            if state == b"-":
+                raise OSError(5, "Input/output error")
+            mark(state)
+
+        sink.journal._mark = failing  # type: ignore[method-assign]
+        with pytest.raises(SinkError):
+            await sink.append({"d.csv": b"1\n"})
+        assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n"
+        sink.journal._mark = mark  # type: ignore[method-assign]
+        await sink.close()
+
+    run(go())
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n"
+
+
+@pytest.mark.hardening("exactly once 2: a process holding the lock froze every writer of the data dir")
+def test_a_lock_held_elsewhere_fails_the_group_once_within_the_bound(tmp_path: Path) -> None:
+    """Five appends, one group: one wait of the lock timeout, not one per append, and the
+    answer names who holds the lock."""
+
+    async def go() -> tuple[list[object], float, str | None]:
+        sink, _ = make(tmp_path, journal=Journal(tmp_path, lock_timeout=0.3))
+        await sink.append({"d.csv": b"0\n"})
+        holder = os.open(layout.lock_path(tmp_path), os.O_RDWR)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        os.pwrite(holder, b"%d otherhost %f" % (os.getpid(), time.time() - 7), 64)
+        started = time.monotonic()
+        waiting = [sink.append({"d.csv": b"%d\n" % n}) for n in range(5)]
+        await asyncio.sleep(0.2)
+        trouble = sink.trouble()
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+        took = time.monotonic() - started
+        os.close(holder)
+        await sink.append({"d.csv": b"9\n"})  # free again
+        await sink.close()
+        return results, took, trouble
+
+    results, took, trouble = run(go())  # type: ignore[misc]
+    assert all(isinstance(result, SinkError) for result in results)
+    assert f"held by pid {os.getpid()} on otherhost since 7." in str(results[0])
+    assert took < 1.0
+    assert trouble is None  # under a second of waiting is not reported yet
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n9\n"
+
+
+def test_a_wait_of_more_than_a_second_for_the_lock_is_reported(tmp_path: Path) -> None:
+    async def go() -> str | None:
+        sink, _ = make(tmp_path, journal=Journal(tmp_path, lock_timeout=3))
+        await sink.append({"d.csv": b"0\n"})
+        holder = os.open(layout.lock_path(tmp_path), os.O_RDWR)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        waiting = sink.append({"d.csv": b"1\n"})
+        await asyncio.sleep(1.5)
+        trouble = sink.trouble()
+        os.close(holder)
+        await waiting
+        await sink.close()
+        return trouble
+
+    trouble = run(go())
+    assert trouble is not None and trouble.startswith("waiting 1.") and "flush lock, held by pid" in trouble
+
+
+def test_close_is_bounded_when_the_lock_is_held_and_says_what_failed(tmp_path: Path) -> None:
+    async def go() -> tuple[bool, float, object]:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"0\n"})
+        holder = os.open(layout.lock_path(tmp_path), os.O_RDWR)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        pending = sink.append({"d.csv": b"1\n"})
+        started = time.monotonic()
+        written = await sink.close(timeout=0.5)
+        took = time.monotonic() - started
+        os.close(holder)
+        outcome = await asyncio.gather(pending, return_exceptions=True)
+        return written, took, outcome[0]
+
+    written, took, outcome = run(go())  # type: ignore[misc]
+    assert written is False and took < 1.5 and isinstance(outcome, SinkError)
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n"
+
+
+def test_a_refused_journal_answers_its_reason_and_is_picked_up_again_when_fixed(tmp_path: Path) -> None:
+    """The journal renamed away while the server runs: writes stop with the reason; renamed
+    back, they go on, with no restart (and no descriptor left behind by the failures)."""
+
+    async def go() -> tuple[list[BaseException | None], int, int]:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"0\n"})
+        journal = layout.journal_path(tmp_path)
+        journal.rename(journal.with_name("moved"))
+        fds = len(os.listdir("/proc/self/fd"))
+        failed = [(await asyncio.gather(sink.append({"d.csv": b"x\n"}), return_exceptions=True))[0] for _ in range(30)]
+        after = len(os.listdir("/proc/self/fd"))
+        journal.with_name("moved").rename(journal)
+        await asyncio.sleep(1.1)  # a refused journal is tried again at most once a second
+        await sink.append({"d.csv": b"1\n"})
+        await sink.close()
+        return failed, fds, after
+
+    failed, fds, after = run(go())  # type: ignore[misc]
+    reasons = [str(result) for result in failed]
+    assert all(isinstance(result, SinkError) for result in failed)
+    assert "journal.sqlite3 was deleted while the server ran" in reasons[0]
+    assert after <= fds
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n1\n"

@@ -17,11 +17,6 @@ from tests.support import ROOT, Server, record
 from tiny.testing import server_env
 
 
-def worker_pids(server: Server) -> set[int]:
-    children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
-    return {int(pid) for pid in children}
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -42,10 +37,10 @@ def wait_for(predicate: object, timeout: float = 5.0) -> bool:
 
 def test_a_killed_worker_is_replaced_within_a_second(tmp_path: Path) -> None:
     with Server(tmp_path / "data", processes=2) as server:
-        before = worker_pids(server)
+        before = server.worker_pids()
         victim = min(before)
         os.kill(victim, signal.SIGKILL)
-        assert wait_for(lambda: len(worker_pids(server)) == 2 and victim not in worker_pids(server), 3.0)
+        assert wait_for(lambda: len(server.worker_pids()) == 2 and victim not in server.worker_pids(), 3.0)
         line = orjson.dumps(record()) + b"\n"
         assert all(server.ingest(line).status == 200 for _ in range(20))
         assert "restarting it" in server.log()
@@ -54,7 +49,7 @@ def test_a_killed_worker_is_replaced_within_a_second(tmp_path: Path) -> None:
 def test_workers_of_a_killed_parent_exit_and_the_port_is_free_again(tmp_path: Path) -> None:
     server = Server(tmp_path / "data", processes=2).start()
     try:
-        workers = worker_pids(server)
+        workers = server.worker_pids()
         port = server.port
         os.kill(server.pid, signal.SIGKILL)
         assert wait_for(lambda: not any(alive(pid) for pid in workers), 5.0), "orphaned workers kept serving"

@@ -26,10 +26,6 @@ The reference codec reads in two layers: :func:`record_row` is the rule book, on
 field in column order; :func:`_fast_row` is a shortcut for the usual valid record that
 gives the same rows from a few cheap tests, and leaves every other record to the rule book.
 
-``digest(body: bytes) -> bytes``: the fingerprint an Idempotency-Key is stored with, the
-body's length (8 bytes) and CRC-32 (4 bytes), big-endian. Not a cryptographic hash: it tells
-a retry of the same body from another body sent with the same key by mistake.
-
 :data:`encode` is the compiled codec (the ``tiny._codec`` extension module, Rust, built from
 rust/tiny_codec by ``pip install .`` or, in the source tree, ``make codec``) when it is
 importable, and the pure-Python :func:`encode_reference` otherwise; :data:`CODEC` names the
@@ -41,7 +37,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import zlib
 from collections import defaultdict
 from collections.abc import Callable, Container
 from datetime import date as _date
@@ -294,31 +289,26 @@ def _line(raw: bytes) -> bytes:
     return raw[:-1] if raw.endswith(b"\r") else raw
 
 
-def digest_reference(body: bytes) -> bytes:
-    """The body's length and CRC-32, 12 bytes (see the module docstring)."""
-    return len(body).to_bytes(8, "big") + zlib.crc32(body).to_bytes(4, "big")
-
-
 class Encode(Protocol):
     """The signature both codecs share."""
 
     def __call__(self, body: bytes, max_days: int = MAX_DAYS, max_rejects: int = MAX_REJECTS) -> Batch: ...
 
 
-def _select() -> tuple[str, Encode, Callable[[bytes], bytes]]:
+def _select() -> tuple[str, Encode]:
     """Pick the compiled codec unless it is missing or TINY_CODEC=python asks otherwise."""
     if os.environ.get("TINY_CODEC", "").lower() in ("python", "reference"):
-        return "python", encode_reference, digest_reference
+        return "python", encode_reference
     try:
         from tiny import _codec
     except ImportError:
-        return "python", encode_reference, digest_reference
+        return "python", encode_reference
     compiled = _codec.encode
 
     def encode_compiled(body: bytes, max_days: int = MAX_DAYS, max_rejects: int = MAX_REJECTS) -> Batch:
         return Batch(*compiled(body, max_days, max_rejects))
 
-    return "rust", encode_compiled, _codec.digest
+    return "rust", encode_compiled
 
 
-CODEC, encode, digest = _select()
+CODEC, encode = _select()

@@ -46,6 +46,10 @@ class Config:
     idempotency_window: float = 86_400.0
     idempotency_max_keys: int = 10_000_000
     journal_mode: str = "wal"
+    lock_timeout: float = 5.0
+    stall_timeout: float = 10.0
+    new_journal: bool = False
+    no_fork: bool = False
     crash_at: str = ""  # fault injection for the crash tests (tiny.sink); not in --help
     token_source: str = ""  # where the token came from: "file", "environment" or "command line"
 
@@ -125,15 +129,40 @@ def _journal_mode(text: str) -> str:
 
 
 def _crash_point(text: str) -> str:
-    """``point:probability`` (tiny.sink.CRASH_POINTS), or empty."""
+    """``point[:probability[:stop]]`` (tiny.sink.CRASH_POINTS), or empty."""
     from tiny.sink import CRASH_POINTS
 
-    point, _, chance = text.partition(":")
+    point, _, rest = text.partition(":")
+    chance, _, how = rest.partition(":")
     if text and point not in CRASH_POINTS:
         raise argparse.ArgumentTypeError("not a crash point")
     if chance and not 0 <= float(chance) <= 1:
         raise argparse.ArgumentTypeError("the probability must be 0-1")
+    if how not in ("", "stop", "kill"):
+        raise argparse.ArgumentTypeError("the action must be 'kill' or 'stop'")
     return text
+
+
+def _max_keys(text: str) -> int:
+    """At least the keys one flush may commit (tiny.sink.MAX_FLUSH_APPENDS): below that, a
+    flush would push out keys it is committing itself."""
+    from tiny.sink import MAX_FLUSH_APPENDS
+
+    value = int(text)
+    if value < MAX_FLUSH_APPENDS:
+        raise argparse.ArgumentTypeError(f"must be at least {MAX_FLUSH_APPENDS}, the keys one flush may commit")
+    return value
+
+
+def _boolean(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError("must be true or false (1/0, yes/no)")
 
 
 def _seconds(text: str) -> float:
@@ -172,11 +201,37 @@ _FLAGS: list[tuple[str, object, str | None]] = [
     ("analytics_max_queued", _positive_int, "distinct analytics computations queued per worker before 503"),
     ("analytics_cache_bytes", _positive_size, "analytics results cached per worker, in bytes (or 64MiB)"),
     ("idempotency_window", _seconds, "seconds an Idempotency-Key is kept at least (a retry within it writes nothing)"),
-    ("idempotency_max_keys", _positive_int, "Idempotency-Keys kept at most; past it the oldest go first"),
+    ("idempotency_max_keys", _max_keys, "Idempotency-Keys kept at most; past it the oldest go first"),
     (
         "journal_mode",
         _journal_mode,
-        "the journal's SQLite mode: 'wal' (one host), or 'delete' (writers on several hosts)",
+        "the journal's SQLite mode: 'wal' (one host), or 'delete' (writers on several hosts); every server "
+        "on a data dir must use the same (tiny-admin set-journal-mode changes it)",
+    ),
+    (
+        "lock_timeout",
+        _seconds,
+        "seconds a flush waits for the data dir's flush lock (another process holds it) before its requests "
+        "get 503 with Retry-After",
+    ),
+    (
+        "stall_timeout",
+        _seconds,
+        "seconds a worker's event loop may stall (its disk thread: this plus --lock-timeout) before the "
+        "parent kills and replaces it",
+    ),
+    (
+        "new_journal",
+        _boolean,
+        "start with a fresh journal where the data dir's is missing, damaged, replaced, from another data dir "
+        "or inconsistent with the files (the old .tiny is moved aside; its keys are forgotten). Stop every "
+        "other server on the data dir first",
+    ),
+    (
+        "no_fork",
+        _boolean,
+        "run the one worker in this process, with no parent to restart it or watch it stall (for debuggers; "
+        "implied under kernprof); needs --processes 1",
     ),
     ("crash_at", _crash_point, None),
 ]
@@ -196,6 +251,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         shown = "unset" if default is None else default
         if name == "token" and default is not None:
             shown = "set, not shown"  # --help must never print a secret
+        extra: dict[str, object] = {"nargs": "?", "const": True} if kind is _boolean else {}
         parser.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
@@ -203,6 +259,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
             default=default,
             choices=DURABILITIES if name == "durability" else None,
             help=f"{text} (env {env_name}; default {shown})" if text else argparse.SUPPRESS,
+            **extra,  # type: ignore[arg-type]
         )
     return parser
 
@@ -222,6 +279,11 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         parser.error(f"argument --durability: must be one of {', '.join(DURABILITIES)}")
     if values["token"] == "":
         values["token"] = None
+    for name, kind, _ in _FLAGS:  # a default from Config is not run through the flag's type
+        if kind is _boolean:
+            values[name] = _boolean(values[name])
+    if values["no_fork"] and values["processes"] != 1:
+        parser.error("argument --no-fork: needs --processes 1")
     argv = sys.argv[1:] if argv is None else argv
     on_command_line = any(arg == "--token" or arg.startswith("--token=") for arg in argv)
     values["token"], values["token_source"] = _token(parser, args, on_command_line)

@@ -1,42 +1,57 @@
-"""The data dir's journal: the flush lock, the intent of the flush under way, and the idempotency keys.
+"""The data dir's journal: its identity, the flush lock, the intent of the flush under way, and the idempotency keys.
 
 Every writer of a data dir (every worker of every server and container sharing it) takes
-one exclusive ``flock`` on ``.tiny/lock`` (tiny.layout) for the whole of a flush, and keeps:
+one exclusive ``flock`` on ``.tiny/lock`` (tiny.layout) for the whole of a flush, waiting at
+most ``lock_timeout`` seconds for it (:class:`LockTimeout` names the holder then), and keeps:
 
 - ``.tiny/intent``: the flush under way, written *before* the first byte of data: the files
-  it appends to, each with its size before and whether the flush created it, and the first
-  of the keys it records (if any), as one record ``b"I"``, length, CRC-32, payload (one
-  ``pwrite`` at offset 0; with fsync, synced before the data). The flush is finished when
-  the record's first byte is overwritten with ``b"-"`` (a 1-byte ``pwrite``; emptying the
-  file with ``ftruncate`` instead cost about 15 µs more per flush, its block freed and
-  allocated again each time). A crash at any point of a flush (kill -9, a power loss with
-  ``--durability fsync``) leaves the intent live, and the next writer to take the lock
-  (:meth:`Journal.recover`) cuts every file back to exactly its size before, removes the
-  files the flush created, and marks the intent finished: the flush's rows and keys are
-  then both absent, and a retry writes them once. Bytes the flush did not write are never
-  touched, so a day file whose last row lacks its LF (edited by hand) keeps it. An intent
-  whose CRC does not match was torn while being written, before any data: it is dropped.
+  it appends to, each with its size before and after the flush's own write and whether the
+  flush created it; the first of the keys it records (if any); and the newest key committed
+  before it (``last``); as one record ``b"I"``, length, CRC-32, payload (one ``pwrite`` at
+  offset 0; with fsync, synced before the data). The record's first byte then says how the
+  flush ended: ``b"-"`` committed, ``b"x"`` undone (a 1-byte ``pwrite``, which cannot tear).
+  A crash at any point of a flush (kill -9, a power loss with ``--durability fsync``) leaves
+  the intent live, and the next writer to take the lock (:meth:`Journal.recover`) cuts every
+  file back to exactly its size before, removes the files the flush created, and marks the
+  intent undone: the flush's rows and keys are then both absent, and a retry writes them
+  once. Recovery cuts only what it knows the flush wrote: a file found longer than the
+  flush's own end, or shorter than its start, was changed by someone else (a data dir copied
+  while a server wrote to it, a file cut by hand), and recovery refuses (:class:`JournalError`)
+  instead of guessing. An intent whose CRC does not match was torn while being written,
+  before any data: it is dropped.
 - ``.tiny/journal.sqlite3`` (SQLite, WAL mode, or its rollback journal with
-  ``mode="delete"`` for writers on several hosts, whose WAL would need shared memory), table
-  ``idempotency_keys``: per Idempotency-Key, in the order they were stored, a digest of the
-  body it came with and the answer that was sent. A flush with keys claims them in one
-  transaction (:meth:`Journal.claim`: one ``INSERT ... ON CONFLICT DO NOTHING`` per key, a
-  conflict meaning "held") before its intent and data, and commits it after the data (its
-  commit point), before it finishes the intent; recovery, finding the intent's first key
-  stored, keeps the files (that key had no row when the flush began, under the same lock,
-  and only that flush's commit stores it). A key is decided
-  under the same lock as the write: a retry, in any process, sees the key or writes the rows,
-  never both. A key counts for ``window`` seconds; a retry after that is processed as new.
-  At most ``max_keys`` keys are kept: past that, the oldest go first (checked at every commit
-  with keys). Keys past the window are deleted every 1,000 flushes, and when a retry meets
-  one. A flush without keys does not touch SQLite at all.
+  ``mode="delete"`` for writers on several hosts, whose WAL would need shared memory): table
+  ``idempotency_keys``, per Idempotency-Key in the order stored (``seq``), the digest of the
+  body it came with (:meth:`Journal.digest`: 128 bits of BLAKE3 keyed with a secret of this
+  journal) and the answer that was sent; table ``meta``, the data dir's id, the journal
+  mode and the digest secret. A flush with keys claims them in one transaction
+  (:meth:`Journal.claim`: one ``INSERT ... ON CONFLICT DO NOTHING`` per key, a conflict
+  meaning "held") before its intent and data, and commits it after the data (its commit
+  point), before it marks the intent; recovery, finding the intent's first key stored,
+  keeps the files (that key had no row when the flush began, under the same lock, and only
+  that flush's commit stores it). A flush without keys does not touch SQLite; its commit
+  point is the ``b"-"`` mark. A key counts for ``window`` seconds; at most ``max_keys`` are
+  kept, the oldest going first. Expiry runs at commits with keys and deletes at most twice
+  the flush's own keys plus 8 (:data:`EXPIRE_SLACK`) at a time, so no flush pays for a
+  backlog; SQLite's ``journal_size_limit`` brings the ``-wal`` back to 4 MiB after each
+  checkpoint.
+- ``.tiny-id`` (beside ``.tiny/``), the first line of ``.tiny/lock`` and the journal's
+  ``meta`` hold the same random id. :meth:`Journal.open` refuses a journal, lock or intent
+  file that is missing, empty, damaged or holds another id, a journal in another mode than
+  asked, a journal that lacks the newest key an intent says was committed (its ``-wal``
+  deleted, or restored from an older copy), and files shorter than the last committed flush
+  left them: with a :class:`JournalError` that says what was found and that
+  ``--new-journal`` (``accept_new``) starts a fresh journal knowingly. Every flush checks
+  that the three files are still the ones it opened (their inodes): one replaced or deleted
+  while the server runs stops its writes (JournalError) until it is put back.
 
 With ``fsync``, the intent reaches the disk before the data is written, the data and new
-directory entries before the keys' commit (synchronous=FULL), and that before the finished
-intent; so the same holds across a power loss. Without, every step is written (WAL,
+directory entries before the keys' commit (synchronous=FULL), and that before the intent's
+mark; so the same holds across a power loss. Without, every step is written (WAL,
 synchronous=NORMAL), which a killed process cannot lose.
 
-Not thread-safe: a :class:`Journal` belongs to one sink thread of one process.
+Not thread-safe: a :class:`Journal` belongs to one sink thread of one process, except
+:attr:`Journal.waiting_since` and :meth:`Journal.digest`, which any thread may read or call.
 """
 
 from __future__ import annotations
@@ -45,18 +60,34 @@ import contextlib
 import fcntl
 import logging
 import os
+import socket
 import sqlite3
 import time
+import uuid
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import quote
 
 import orjson
+from blake3 import blake3
 
 from tiny import layout
 
 log = logging.getLogger("tiny.journal")
+
+MODES = ("wal", "delete")
+DIGEST_BYTES = 16  # 128 bits of keyed BLAKE3: no collision can be forged without the journal's secret
+EXPIRE_SLACK = 8  # a commit with k new keys expires at most 2k + EXPIRE_SLACK old ones
+NEW_JOURNAL_FLAG = "--new-journal"
+WAL_LIMIT = 4 * 1024**2  # bytes the -wal is cut back to after a checkpoint (journal_size_limit)
+_ACCEPT = (
+    f"If that is known and wanted, stop every server on this data dir and start one with {NEW_JOURNAL_FLAG}: "
+    "it moves .tiny aside and starts a fresh journal (its keys are then forgotten: a batch retried with "
+    "an earlier Idempotency-Key is written again)"
+)
 
 # One row per key, in the order stored (seq): the key's own index finds it, and seq gives the
 # oldest first and the count (last seq - first seq + 1) without a second index or a counter row
@@ -65,19 +96,39 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     seq INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, digest BLOB NOT NULL, answer BLOB NOT NULL, stored REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 """
 _TABLE = "idempotency_keys"
 _INSERT = f"INSERT INTO {_TABLE} (key, digest, answer, stored) VALUES (?, ?, ?, ?) ON CONFLICT (key) DO NOTHING"
 _SELECT = f"SELECT digest, answer, stored FROM {_TABLE} WHERE key = ?"
-# Two subqueries: SQLite reads min() or max() off the index end only when it is a query's one aggregate
-# (one query with both scanned the table: 140 µs a commit at 20k keys).
-_BOUNDS = f"SELECT (SELECT min(seq) FROM {_TABLE}), (SELECT max(seq) FROM {_TABLE})"
-_LIVE, _FINISHED = b"I", b"-"  # the intent's first byte: a flush under way, or none
-_EXPIRE_EVERY = 1000  # commits between two deletions of the keys past the window (and at start)
-_RECOUNT_EVERY = 64  # commits between two readings of the oldest key's seq (``held``)
+_OLDEST = f"SELECT seq, stored FROM {_TABLE} ORDER BY seq LIMIT 1"
+_NEWEST = f"SELECT key, seq, stored FROM {_TABLE} ORDER BY seq DESC LIMIT 1"
+_LIVE, _FINISHED, _UNDONE = b"I", b"-", b"x"  # the intent's first byte: under way, committed, undone
+_RECOUNT_EVERY = 64  # commits between two readings of the oldest key (``held``; others expire too)
+_HOLDER_AT = 64  # the lock file: the data dir's id on its first line, the holder's record from here
+_POLL_FIRST, _POLL_MAX = 0.0002, 0.002  # seconds between two tries of a busy lock, doubling
+_CLOCK_SLACK = 3600.0  # seconds of clock difference between hosts the history check tolerates
 
 
-@dataclass(frozen=True)
+class JournalError(Exception):
+    """The journal, its lock or its files cannot be used as found. The message says what was
+    found, where, and what to do; it is meant for the operator and for the client's 503."""
+
+
+class LockTimeout(JournalError):
+    """Another writer held the data dir's flush lock longer than ``lock_timeout``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a request with an Idempotency-Key asks the journal to record with its rows."""
+
+    key: str
+    digest: bytes  # Journal.digest of the decompressed body
+    answer: bytes  # the 200 answer to replay
+
+
+@dataclass(frozen=True, slots=True)
 class Stored:
     """What the journal holds for a key: the digest of its body and the answer it got."""
 
@@ -85,13 +136,23 @@ class Stored:
     answer: bytes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Intent:
     """One file a flush is about to append to, as the journal records it first."""
 
     name: str  # relative to the data dir
     size_before: int
+    size_after: int  # size_before + the bytes this flush writes (None: an intent of an older format)
     created: bool  # the flush created the file: a roll-back removes it
+
+
+class _Found(JournalError):
+    """Something found wrong that a fresh journal (``accept_new``) would replace; the message
+    ends with how to accept that."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}. {_ACCEPT}.")
+        self.what = what
 
 
 class Journal:
@@ -105,108 +166,416 @@ class Journal:
         window: float = 86_400.0,
         max_keys: int = 10_000_000,
         mode: str = "wal",
+        lock_timeout: float = 5.0,
     ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"journal mode must be one of {MODES}")
         self.data_dir = Path(data_dir)
         self.fsync = fsync
         self.mode = mode
         self.window = window
         self.max_keys = max_keys
+        self.lock_timeout = lock_timeout
+        self.dir_id: str | None = None  # the data dir's id, once open; a reopening must find the same
+        self.digest_key: bytes | None = None  # the journal's secret for digest(); None until open
+        self.last: tuple[str, int, float] | None = None  # the newest key committed: (key, seq, stored)
+        self.held = 0  # keys in the journal at this process's last commit (newest seq - oldest seq + 1)
+        self.expired = 0  # keys this process's commits expired (for tests and bounds)
+        self.waiting_since = 0.0  # time.monotonic() since this process waits for the lock; 0 when not
+        self.waiting_for = ""  # while it waits: who holds the lock (refreshed twice a second)
+        self.give_up_at = float("inf")  # time.monotonic() past which no wait for the lock goes on (a stop)
         self._db: sqlite3.Connection | None = None
         self._lock_fd = -1
         self._intent_fd = -1
+        self._inodes: list[tuple[Path, int]] = []
+        self._host = socket.gethostname()
+        self._inserted = 0  # keys claim() inserted in the open transaction
+        self._claimed: tuple[str, int] | None = None  # the last of them: (key, seq)
         self._commits = 0
-        self._inserted = 0  # keys claim() inserted in it
-        self._last_seq = 0  # the seq of the last of them
-        self._first_seq = 0  # the oldest key's seq when this process last looked (others may expire)
-        # Keys in the journal at this process's last commit: newest seq - oldest seq + 1, the
-        # oldest read every _RECOUNT_EVERY commits (an upper bound while other processes expire).
-        self.held = 0
+        self._oldest: tuple[int, float] | None = None  # (seq, stored) of the oldest key, when last read
 
-    def open(self) -> None:
-        """Create the journal's directory, lock file and database if needed, and open them."""
-        state = layout.state_dir(self.data_dir)
-        state.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(layout.lock_path(self.data_dir), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        # isolation_level=None: transactions are explicit (BEGIN ... COMMIT), nothing implicit.
-        self._db = sqlite3.connect(layout.journal_path(self.data_dir), isolation_level=None, check_same_thread=False)
-        self._intent_fd = os.open(layout.intent_path(self.data_dir), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        with self.locked():
-            self._db.execute(f"PRAGMA journal_mode={'WAL' if self.mode == 'wal' else 'DELETE'}")
-            with self._transaction():
-                self._db.execute(_SCHEMA)
-                self._upgrade()
-        self._db.execute(f"PRAGMA synchronous={'FULL' if self.fsync else 'NORMAL'}")
-        if self.fsync:
-            os.fsync(self._intent_fd)
-            fsync_dir(state)
+    # -- opening ---------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._db is not None
+
+    def open(self, accept_new: bool = False) -> None:
+        """Attach to the data dir's journal, creating it in a data dir that has none.
+
+        Raises :class:`JournalError` (naming the path and what was found) when the journal,
+        lock or intent file is missing, damaged, replaced or from another data dir, when the
+        journal lacks commits that its intent vouches for, when a file is shorter than the
+        last committed flush left it, or when an unfinished flush cannot be undone safely.
+        ``accept_new`` moves such a ``.tiny`` aside and starts a fresh journal instead. A
+        journal in another mode is refused either way. On any failure nothing stays open.
+        """
+        if self._db is not None:
+            return
+        try:
+            state = layout.state_dir(self.data_dir)
+            try:
+                state.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise JournalError(f"cannot create the journal's folder {state}: {exc.strerror or exc}") from None
+            self._lock_fd = _open_fd(layout.lock_path(self.data_dir), os.O_RDWR | os.O_CREAT)
+            with self._locked(self.lock_timeout, check=False):
+                try:
+                    self._attach()
+                    self.recover()
+                except _Found as found:
+                    self._close_files()
+                    if not accept_new:
+                        raise
+                    self._start_fresh(found.what)
+                self._inodes = [
+                    (layout.lock_path(self.data_dir), os.fstat(self._lock_fd).st_ino),
+                    (layout.journal_path(self.data_dir), os.stat(layout.journal_path(self.data_dir)).st_ino),
+                    (layout.intent_path(self.data_dir), os.fstat(self._intent_fd).st_ino),
+                ]
+        except sqlite3.Error as exc:
+            self.close()
+            raise JournalError(f"the journal {layout.journal_path(self.data_dir)} cannot be used: {exc}") from None
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        """Close every file and the database (also after a failed :meth:`open`)."""
+        self._close_files()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+        self._inodes = []
+
+    def _close_files(self) -> None:
+        if self._db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+            self._db = None
         if self._intent_fd >= 0:
             os.close(self._intent_fd)
             self._intent_fd = -1
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the data dir's flush lock (every writer of every process takes it)."""
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+    def _attach(self) -> None:
+        """Open the existing journal after checking its identity, or create the first one (lock held)."""
+        identity_path = layout.identity_path(self.data_dir)
+        journal_path = layout.journal_path(self.data_dir)
+        intent_path = layout.intent_path(self.data_dir)
+        identity = _read_identity(identity_path)
+        pending = _read_identity(_pending(identity_path))
+        if identity is None and self.dir_id is not None:
+            raise _Found(f"{identity_path} is gone while this server used the data dir (its id was {self.dir_id})")
+        if identity is None:
+            if not journal_path.exists():
+                if pending is None and intent_path.exists():
+                    raise _Found(f"the journal {journal_path} is missing, but {intent_path} is there")
+                self._init(pending or uuid.uuid4().hex)  # a new data dir, or an interrupted first start
+                return
+            meta = self._connect_meta(journal_path)
+            if pending is not None and meta.get("data_dir_id") == pending.encode():
+                self._close_files()
+                self._init(pending)  # the first start was interrupted after the journal was made
+                return
+            if "data_dir_id" not in meta:
+                raise _Found(
+                    f"the journal {journal_path} is of an earlier format (it has no data dir id) or empty, "
+                    f"and {identity_path} is missing"
+                )
+            raise _Found(
+                f"{identity_path} is missing, but the journal {journal_path} belongs to data dir "
+                f"{meta['data_dir_id'].decode()}"
+            )
+        if self.dir_id is not None and identity != self.dir_id:
+            raise _Found(f"{identity_path} now holds {identity}, but this server used the data dir as {self.dir_id}")
+        if not journal_path.exists():
+            raise _Found(f"the journal {journal_path} of data dir {identity} is missing")
+        meta = self._connect_meta(journal_path)
+        if "data_dir_id" not in meta:
+            raise _Found(f"the journal {journal_path} holds no data dir id: it is empty, truncated or replaced")
+        if meta["data_dir_id"].decode() != identity:
+            raise _Found(
+                f"the journal {journal_path} belongs to data dir {meta['data_dir_id'].decode()}, "
+                f"but this data dir is {identity}"
+            )
+        lock_id = _lock_id(self._lock_fd)
+        if lock_id != identity:
+            raise _Found(
+                f"the lock file {layout.lock_path(self.data_dir)} was deleted or replaced "
+                f"(it holds {lock_id or 'no id'}, the data dir is {identity}): a server still running "
+                "may hold the old one"
+            )
         try:
+            self._intent_fd = _open_fd(intent_path, os.O_RDWR)
+        except JournalError:
+            raise _Found(f"the intent file {intent_path} is missing: an unfinished flush may not be undone") from None
+        mode = meta.get("journal_mode", b"").decode()
+        if mode != self.mode:
+            self._close_files()
+            raise JournalError(
+                f"the journal {journal_path} is in {mode!r} mode, and this server was started with "
+                f"--journal-mode {self.mode}: every server on a data dir must use the same mode. To change "
+                f"it, stop every server on {self.data_dir}, then run: tiny-admin set-journal-mode "
+                f"{self.data_dir} {self.mode}"
+            )
+        self.dir_id = identity
+        self.digest_key = bytes(meta["digest_key"])
+        newest = self.db.execute(_NEWEST).fetchone()
+        self.last = (newest[0], newest[1], newest[2]) if newest else None
+        self._check_history(intent_path)
+
+    def _connect_meta(self, journal_path: Path) -> dict[str, bytes]:
+        """Open the existing database (never creating it); its meta rows (none: not our format)."""
+        try:
+            self._db = _connect(journal_path, create=False)
+            self._configure()
+            rows = self.db.execute("SELECT name, value FROM meta").fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return {}
+            raise _Found(f"the journal {journal_path} cannot be read: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise _Found(f"the journal {journal_path} is damaged: {exc}") from None
+        return {name: value if isinstance(value, bytes) else str(value).encode() for name, value in rows}
+
+    def _configure(self) -> None:
+        self.db.execute(f"PRAGMA synchronous={'FULL' if self.fsync else 'NORMAL'}")
+        self.db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
+
+    def _init(self, dir_id: str) -> None:
+        """Create the journal, intent and lock id of data dir ``dir_id`` (lock held). The id
+        file is written first as ``.tiny-id.new`` and renamed last: an interrupted first start
+        is finished by the next one."""
+        identity_path = layout.identity_path(self.data_dir)
+        _write_durably(_pending(identity_path), dir_id.encode() + b"\n")
+        journal_path = layout.journal_path(self.data_dir)
+        self._db = _connect(journal_path, create=True)
+        self.db.execute(f"PRAGMA journal_mode={'WAL' if self.mode == 'wal' else 'DELETE'}")
+        self._configure()
+        with self._transaction():
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self.db.execute(statement)
+            self.db.execute("DELETE FROM meta")
+            self.db.executemany(
+                "INSERT INTO meta (name, value) VALUES (?, ?)",
+                [
+                    ("data_dir_id", dir_id.encode()),
+                    ("journal_mode", self.mode.encode()),
+                    ("digest_key", os.urandom(32)),
+                    ("created", datetime.now(UTC).isoformat().encode()),
+                ],
+            )
+        # Into the database file itself: the id then survives a -wal lost later, which the
+        # history check (the newest key an intent vouches for) reports instead.
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self._intent_fd = _open_fd(layout.intent_path(self.data_dir), os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, dir_id.encode().ljust(_HOLDER_AT - 1) + b"\n", 0)
+        if self.fsync:
+            os.fsync(self._intent_fd)
+            os.fsync(self._lock_fd)
+        fsync_dir(layout.state_dir(self.data_dir))
+        os.replace(_pending(identity_path), identity_path)
+        fsync_dir(self.data_dir)
+        self.dir_id = dir_id
+        self.digest_key = bytes(self.db.execute("SELECT value FROM meta WHERE name = 'digest_key'").fetchone()[0])
+        self.last = None
+        log.info("created the journal of data dir %s in %s", dir_id, layout.state_dir(self.data_dir))
+
+    def _start_fresh(self, reason: str) -> None:
+        """accept_new: move ``.tiny`` aside and create a fresh journal (lock held, on the old
+        lock file, which moves with it). An unfinished flush it records is undone where that
+        is safe: a flush without keys, or a write that did not complete; rows that may have
+        been acknowledged are kept."""
+        state = layout.state_dir(self.data_dir)
+        log.warning("%s: starting a fresh journal, as %s asks (%s)", reason, NEW_JOURNAL_FLAG, state)
+        self._undo_orphan_intent(layout.intent_path(self.data_dir))
+        aside = state.with_name(f"{state.name}.replaced-{datetime.now(UTC):%Y%m%dT%H%M%S.%fZ}")
+        os.rename(state, aside)
+        log.warning("the old journal's folder is kept as %s", aside)
+        state.mkdir()
+        old_lock = self._lock_fd
+        self._lock_fd = _open_fd(layout.lock_path(self.data_dir), os.O_RDWR | os.O_CREAT)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)  # new and ours: nobody else can know it yet
+        os.close(old_lock)  # releases the old one
+        identity = _read_identity(layout.identity_path(self.data_dir))
+        self.dir_id = None
+        self._init(identity or uuid.uuid4().hex)
+
+    def _undo_orphan_intent(self, intent_path: Path) -> None:
+        try:
+            record = intent_path.read_bytes()
+        except OSError:
+            return
+        if record[:1] != _LIVE or (parsed := _parse_intent(record)) is None:
+            return
+        first_key, intents, _ = parsed
+        complete = all(i.size_after is not None and _size(self.data_dir / i.name) >= i.size_after for i in intents)
+        if first_key is not None and complete:
+            log.warning("kept the rows of an unfinished flush with keys: it may have been acknowledged")
+            return
+        self._cut_back(intents)
+        log.warning("undid an unfinished flush: %s", ", ".join(i.name for i in intents))
+
+    def _check_history(self, intent_path: Path) -> None:
+        """The journal holds what the intent vouches for, and the files hold what the last
+        committed flush wrote; _Found otherwise (see :meth:`open`)."""
+        record = os.pread(self._intent_fd, 1 << 24, 0)
+        parsed = _parse_intent(record) if record else None
+        if parsed is None:
+            return
+        first_key, intents, last = parsed
+        if last is not None:
+            key, seq, stored = last
+            newest = self.last[1] if self.last else 0
+            if not self._stored(key) and newest < seq and stored > time.time() - self.window + _CLOCK_SLACK:
+                raise _Found(
+                    f"the journal {layout.journal_path(self.data_dir)} lacks the key {key!r} (seq {seq}) that "
+                    f"{intent_path} says was committed at {datetime.fromtimestamp(stored, UTC):%Y-%m-%d %H:%M:%S} "
+                    "UTC: it lost commits (its -wal deleted, or the journal restored from an older copy)"
+                )
+        if record[:1] != _FINISHED or (first_key is not None and not self._stored(first_key)):
+            return
+        for intent in intents:
+            size = _size(self.data_dir / intent.name)
+            if intent.size_after is not None and size < intent.size_after:
+                raise _Found(
+                    f"{self.data_dir / intent.name} is {max(size, 0)} bytes, shorter than the "
+                    f"{intent.size_after} the last committed flush left (per {intent_path}): the files are "
+                    "older than the journal (restored, or copied while a server wrote), or were cut by hand"
+                )
+
+    # -- the lock --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def locked(self, timeout: float | None = None) -> Iterator[None]:
+        """Hold the data dir's flush lock (every writer of every process takes it).
+
+        Waits at most ``timeout`` (default ``lock_timeout``) seconds, then raises
+        :class:`LockTimeout` naming the holder; once held, checks that the lock, journal and
+        intent files are the ones this journal opened (JournalError otherwise) and records
+        this process as the holder."""
+        with self._locked(self.lock_timeout if timeout is None else timeout, check=True):
+            yield
+
+    @contextlib.contextmanager
+    def _locked(self, timeout: float, check: bool) -> Iterator[None]:
+        self._acquire(timeout)
+        try:
+            if check:
+                self._check_inodes()
+            record = f"{os.getpid()} {self._host} {time.time():.3f}".encode()[: 255 - _HOLDER_AT]
+            os.pwrite(self._lock_fd, record.ljust(255 - _HOLDER_AT) + b"\n", _HOLDER_AT)
             yield
         finally:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _acquire(self, timeout: float) -> None:
+        # A blocking flock cannot be given a timeout (nor interrupted on a thread that is not
+        # the main one), so a busy lock is polled: every 0.2 ms at first, then every 2 ms.
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        started = time.monotonic()
+        deadline = min(started + timeout, self.give_up_at)
+        pause = _POLL_FIRST
+        self.waiting_for = self.holder()
+        self.waiting_since = started
+        noted = started
+        try:
+            while True:
+                time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+                try:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    pass
+                if time.monotonic() - noted > 0.5:
+                    self.waiting_for, noted = self.holder(), time.monotonic()
+                if time.monotonic() >= min(deadline, self.give_up_at):
+                    raise LockTimeout(
+                        f"the data dir's flush lock {layout.lock_path(self.data_dir)} was not free within "
+                        f"{timeout:g} s: {self.holder()}"
+                    )
+                pause = min(2 * pause, _POLL_MAX)
+        finally:
+            self.waiting_since = 0.0
+
+    def holder(self) -> str:
+        """Who holds (or last held) the flush lock, and since when, as its holder recorded it."""
+        try:
+            fields = os.pread(self._lock_fd, 256, _HOLDER_AT).split()
+            pid, host, since = int(fields[0]), fields[1].decode(errors="replace"), float(fields[2])
+        except (OSError, ValueError, IndexError):
+            return "its holder is unknown"
+        return f"held by pid {pid} on {host} since {time.time() - since:.1f} s"
+
+    def _check_inodes(self) -> None:
+        for path, inode in self._inodes:
+            try:
+                found = os.stat(path).st_ino
+            except FileNotFoundError:
+                raise _Found(f"{path} was deleted while the server ran; its writes stop until it is back") from None
+            if found != inode:
+                raise _Found(f"{path} was replaced while the server ran; its writes stop until the original is back")
 
     @property
     def db(self) -> sqlite3.Connection:
         assert self._db is not None, "Journal.open() first"
         return self._db
 
+    # -- a flush ---------------------------------------------------------------------------
+
     def recover(self) -> int:
-        """Undo the flush a crash left unfinished, if any; returns the files it repaired.
+        """Undo the flush a crash left unfinished, if any; returns the files it cut back.
 
         Lock held by caller. Each file goes back to exactly its size before that flush (a
         file the flush created is removed), with fsync when fsync is on, before the intent
-        is marked finished: a crash during recovery leaves the intent for the next one. An
-        intent whose flush committed (its first key is stored) only needs marking.
+        is marked undone: a crash during recovery leaves the intent for the next one. An
+        intent whose flush committed (its first key is stored) is only marked. A file that is
+        not where the flush could have left it raises JournalError, the intent left live.
         """
         if os.pread(self._intent_fd, 1, 0) != _LIVE:  # the usual case: finished, or never written
             return 0
-        first_key, intents = _parse_intent(os.pread(self._intent_fd, 1 << 24, 0))
-        repaired = 0
-        if intents is None:
+        parsed = _parse_intent(os.pread(self._intent_fd, 1 << 24, 0))
+        if parsed is None:
             log.warning("dropped a torn intent (a flush stopped before writing any data)")
-        elif first_key is None or not self._stored(first_key):
-            self._cut_back(intents)
-            repaired = len(intents)
-            log.warning("recovered from an unfinished flush: %s", ", ".join(i.name for i in intents))
-        self._clear_intent()
-        return repaired
+            self._mark(_UNDONE)
+            return 0
+        first_key, intents, _ = parsed
+        committed = first_key is not None and self._stored(first_key)
+        for intent in intents:
+            size = _size(self.data_dir / intent.name)  # -1: missing
+            if intent.size_after is not None and size > intent.size_after:
+                raise _Found(
+                    f"{self.data_dir / intent.name} is {size} bytes, past the {intent.size_after} that the "
+                    f"unfinished flush in {layout.intent_path(self.data_dir)} could have left: the data dir was "
+                    "copied while a server wrote to it (the journal is older than the files; copy a live data "
+                    "dir with `tiny-admin backup`), or the file was written by something else"
+                )
+            if committed and intent.size_after is not None:
+                low = intent.size_after  # acknowledged rows
+            else:
+                low = -1 if intent.created else intent.size_before  # a recovery cut it back already
+            if size < low:
+                raise _Found(
+                    f"{self.data_dir / intent.name} is {max(size, 0)} bytes{'' if size >= 0 else ' (missing)'}, "
+                    f"shorter than the {low} that the unfinished flush in {layout.intent_path(self.data_dir)} "
+                    "records: the files are older than the journal, or were cut by hand"
+                )
+        if committed:
+            self._mark(_FINISHED)
+            return 0
+        self._cut_back(intents)
+        log.warning("recovered from an unfinished flush: %s", ", ".join(i.name for i in intents))
+        self._mark(_UNDONE)
+        return len(intents)
 
     def _stored(self, key: str) -> bool:
         return self.db.execute(_SELECT, (key,)).fetchone() is not None
-
-    def _upgrade(self) -> None:
-        """Take over the tables of the first version (lock held, in the caller's transaction):
-        its unfinished flush (the intent was a table then) is undone, its keys move over."""
-        tables = {name for (name,) in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "intent" in tables:
-            rows = self.db.execute("SELECT name, size_before, created FROM intent").fetchall()
-            if rows:
-                self._cut_back([Intent(name, size, bool(created)) for name, size, created in rows])
-                log.warning("recovered from an unfinished flush: %s", ", ".join(name for name, _, _ in rows))
-            self.db.execute("DROP TABLE intent")
-        if "keys" in tables:
-            self.db.execute(
-                f"INSERT OR IGNORE INTO {_TABLE} (key, digest, answer, stored) "
-                "SELECT key, digest, answer, stored FROM keys ORDER BY stored"
-            )
-            self.db.execute("DROP TABLE keys")
-        if "counts" in tables:
-            self.db.execute("DROP TABLE counts")
 
     def _cut_back(self, intents: list[Intent]) -> None:
         for intent in intents:
@@ -226,39 +595,41 @@ class Journal:
             finally:
                 os.close(fd)
 
-    def claim(self, keys: list[tuple[str, bytes, bytes]]) -> dict[str, Stored]:
-        """Open the flush's transaction and insert each of ``keys`` ``(key, digest, answer)``
-        (distinct) that the journal does not hold; returns those it holds within the window,
-        with their digest and answer: their appends write nothing. The inserts become durable
-        with :meth:`commit`, after the data; :meth:`rollback` drops them. No keys: nothing.
+    def claim(self, claims: list[Claim]) -> dict[str, Stored]:
+        """Open the flush's transaction and insert each of ``claims`` (distinct keys) that the
+        journal does not hold; returns those it holds within the window, with their digest
+        and answer: their appends write nothing. The inserts become durable with
+        :meth:`commit`, after the data; :meth:`rollback` drops them. No claims: nothing.
 
         One statement per key, found or not (the usual flush has one new key). A key held past
         the window is deleted first, in a transaction of its own, and the claim starts again:
         so the first key inserted had no row before, and recovery, finding it, knows the flush
         committed. Lock held."""
-        if not keys:
+        if not claims:
             return {}
         while True:
             self.db.execute("BEGIN IMMEDIATE")
             held: dict[str, Stored] = {}
             expired: list[tuple[str]] = []
+            inserted = 0
             oldest = (now := time.time()) - self.window
             try:
-                for key, digest, answer in keys:
-                    cursor = self.db.execute(_INSERT, (key, digest, answer, now))
+                for claim in claims:
+                    cursor = self.db.execute(_INSERT, (claim.key, claim.digest, claim.answer, now))
                     if cursor.rowcount == 1:
-                        self._last_seq = cursor.lastrowid or 0
+                        inserted += 1
+                        self._claimed = (claim.key, cursor.lastrowid or 0)
                         continue
-                    held_digest, held_answer, stored = self.db.execute(_SELECT, (key,)).fetchone()
+                    held_digest, held_answer, stored = self.db.execute(_SELECT, (claim.key,)).fetchone()
                     if stored < oldest:
-                        expired.append((key,))
+                        expired.append((claim.key,))
                     else:
-                        held[key] = Stored(held_digest, held_answer)
+                        held[claim.key] = Stored(held_digest, held_answer)
             except BaseException:
                 self.rollback()
                 raise
             if not expired:
-                self._inserted = len(keys) - len(held)
+                self._inserted = inserted
                 return held
             self.rollback()
             with self._transaction():
@@ -266,13 +637,15 @@ class Journal:
 
     def rollback(self) -> None:
         """Drop the keys :meth:`claim` inserted (a flush that failed). Lock held."""
-        if self.db.in_transaction:  # not when SQLite rolled back by itself (a failed COMMIT)
-            self.db.execute("ROLLBACK")
+        self._inserted = 0
+        if self._db is not None and self._db.in_transaction:  # not when SQLite rolled back by itself
+            self._db.execute("ROLLBACK")
 
     def intend(self, intents: list[Intent], first_key: str | None = None) -> None:
-        """Record the files a flush is about to append to, and the first key it will record
-        (one :meth:`lookup` did not find), before it writes. Lock held."""
-        payload = orjson.dumps([first_key, [[i.name, i.size_before, int(i.created)] for i in intents]])
+        """Record the files a flush is about to append to, the first key it will commit (one
+        :meth:`claim` inserted), and the newest key committed before it. Lock held."""
+        files = [[i.name, i.size_before, i.size_after, int(i.created)] for i in intents]
+        payload = orjson.dumps([first_key, files, list(self.last) if self.last else None])
         record = _LIVE + len(payload).to_bytes(4, "big") + zlib.crc32(payload).to_bytes(4, "big") + payload
         written = os.pwrite(self._intent_fd, record, 0)
         if written != len(record):  # a short write (disk full): the flush fails, its caller rolls back
@@ -282,68 +655,71 @@ class Journal:
 
     def commit(self) -> None:
         """The flush's data is written: commit the keys :meth:`claim` inserted (the commit
-        point of a flush with keys). :meth:`finish` comes next. Lock held."""
-        self._commits += 1
-        expire = self._commits % _EXPIRE_EVERY == 1
-        if not (self.db.in_transaction or expire):
+        point of a flush with keys), expiring at most twice as many old keys plus
+        EXPIRE_SLACK first. :meth:`finish` comes next. Lock held."""
+        if self._db is None or not self._db.in_transaction:
             return
+        inserted, self._inserted = self._inserted, 0
         try:
-            if not self.db.in_transaction:
-                self.db.execute("BEGIN IMMEDIATE")
-            inserted, self._inserted = self._inserted, 0
-            last = self._last_seq if inserted else self._bounds()[1]
-            if not self._first_seq or last < self._first_seq or self._commits % _RECOUNT_EVERY == 0:
-                # unknown, or stale: other processes expire keys too, and seq starts at 1
-                # again once the table is empty
-                self._first_seq = self._bounds()[0]
-            self.held = last - self._first_seq + 1 if last else 0
-            if expire or self.held > self.max_keys:
-                self._expire(time.time(), before=last - inserted + 1)
-                self._first_seq, last = self._bounds()
-                self.held = last - self._first_seq + 1 if last else 0
+            if inserted and self._claimed is not None:
+                self._commits += 1
+                newest = self._claimed[1]
+                self._account(newest, before=newest - inserted + 1, limit=2 * inserted + EXPIRE_SLACK)
             self.db.execute("COMMIT")
         except BaseException:
             self.rollback()
             raise
+        if inserted and self._claimed is not None:
+            self.last = (self._claimed[0], self._claimed[1], time.time())
 
-    def _bounds(self) -> tuple[int, int]:
-        """The seqs of the oldest and the newest key (0, 0 when there is none)."""
-        oldest, newest = self.db.execute(_BOUNDS).fetchone()
-        return oldest or 0, newest or 0
+    def _account(self, newest: int, before: int, limit: int) -> None:
+        """Update ``held`` and expire old keys if any are due, at most ``limit`` of them, all
+        older than seq ``before`` (the keys of the flush being committed stay). In the
+        caller's transaction."""
+        if self._oldest is None or self._commits % _RECOUNT_EVERY == 0 or newest < self._oldest[0]:
+            # unknown, or stale: other processes expire keys too, and seq starts at 1 again
+            # once the table is empty
+            row = self.db.execute(_OLDEST).fetchone()
+            self._oldest = (row[0], row[1]) if row else (before, time.time())
+        self.held = newest - self._oldest[0] + 1
+        now = time.time()
+        if self.held <= self.max_keys and self._oldest[1] >= now - self.window:
+            return  # nothing is due: no query
+        rows = self.db.execute(
+            f"SELECT seq, stored FROM {_TABLE} WHERE seq < ? ORDER BY seq LIMIT ?", (before, limit + 1)
+        ).fetchall()
+        cutoff, excess = now - self.window, self.held - self.max_keys
+        count = 0
+        for _, stored in rows[:limit]:
+            if stored >= cutoff and count >= excess:
+                break
+            count += 1
+        if count:
+            self.db.execute(f"DELETE FROM {_TABLE} WHERE seq <= ?", (rows[count - 1][0],))
+            self.expired += count
+        self._oldest = (rows[count][0], rows[count][1]) if count < len(rows) else (before, now)
+        self.held = newest - self._oldest[0] + 1
 
     def finish(self) -> None:
-        """Mark the intent finished: the commit point of a flush without keys (one with keys is
-        committed already: recovery keeps its files). Lock held."""
-        self._clear_intent()
+        """Mark the intent committed: the commit point of a flush without keys (one with keys
+        is committed already: recovery keeps its files). Lock held."""
+        self._mark(_FINISHED)
 
     def abandon(self) -> None:
-        """Drop the intent of a flush whose files the caller has rolled back already. Lock held."""
-        self._clear_intent()
+        """Mark the intent undone: the caller has cut the flush's files back. Lock held."""
+        self._mark(_UNDONE)
 
-    def _clear_intent(self) -> None:
-        os.pwrite(self._intent_fd, _FINISHED, 0)  # one byte: it cannot be written in part
+    def _mark(self, state: bytes) -> None:
+        os.pwrite(self._intent_fd, state, 0)  # one byte: it cannot be written in part
         if self.fsync:
             os.fsync(self._intent_fd)
 
-    def _expire(self, now: float, before: int) -> None:
-        """Forget the keys past the window, then the oldest past max_keys, all older than seq
-        ``before`` (the keys of the flush being committed stay). In the caller's transaction.
-
-        Oldest first by seq: the scan stops at the first key within the window, so its cost is
-        the number of keys it deletes; a key stored out of time order (another host's clock)
-        is kept longer, never shorter, than the window."""
-        first_kept = self.db.execute(
-            f"SELECT seq FROM {_TABLE} WHERE stored >= ? ORDER BY seq LIMIT 1", (now - self.window,)
-        ).fetchone()
-        limit = min(before, first_kept[0] if first_kept else before)
-        self.db.execute(f"DELETE FROM {_TABLE} WHERE seq < ?", (limit,))
-        oldest, newest = self._bounds()
-        excess = newest - oldest + 1 - self.max_keys if newest else 0
-        if excess > 0:
-            self.db.execute(
-                f"DELETE FROM {_TABLE} WHERE seq IN (SELECT seq FROM {_TABLE} WHERE seq < ? ORDER BY seq LIMIT ?)",
-                (before, excess),
-            )
+    def digest(self, body: bytes) -> bytes:
+        """The identity of a (decompressed) body that a key is stored with: 128 bits of BLAKE3
+        keyed with this journal's secret, so that no client can forge a second body that
+        passes for the first. Any thread; the journal must be open."""
+        assert self.digest_key is not None, "Journal.open() first"
+        return blake3(body, key=self.digest_key).digest(DIGEST_BYTES)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -356,15 +732,73 @@ class Journal:
         self.db.execute("COMMIT")
 
 
-def _parse_intent(record: bytes) -> tuple[str | None, list[Intent] | None]:
-    """(first key, intents) of a live intent record (``b"I"``, length, CRC-32, payload; the
-    bytes after it are an older, longer record's); intents None when it is torn."""
+def _parse_intent(record: bytes) -> tuple[str | None, list[Intent], tuple[str, int, float] | None] | None:
+    """(first key, intents, last committed key) of an intent record (``b"I"`` or a mark,
+    length, CRC-32, payload; the bytes after it are an older, longer record's); None when it
+    is torn. Intents of the previous format carry no size after (None)."""
     size, crc = int.from_bytes(record[1:5], "big"), record[5:9]
     payload = record[9 : 9 + size]
-    if len(payload) != size or zlib.crc32(payload).to_bytes(4, "big") != crc:
-        return None, None
-    first_key, files = orjson.loads(payload)
-    return first_key, [Intent(name, size, bool(created)) for name, size, created in files]
+    if len(record) < 9 or len(payload) != size or zlib.crc32(payload).to_bytes(4, "big") != crc:
+        return None
+    fields = orjson.loads(payload)
+    first_key, files = fields[0], fields[1]
+    last = tuple(fields[2]) if len(fields) > 2 and fields[2] else None
+    intents = [
+        Intent(f[0], f[1], f[2], bool(f[3])) if len(f) == 4 else Intent(f[0], f[1], None, bool(f[2]))  # type: ignore[arg-type]
+        for f in files
+    ]
+    return first_key, intents, last  # type: ignore[return-value]
+
+
+def _connect(path: Path, create: bool) -> sqlite3.Connection:
+    # isolation_level=None: transactions are explicit (BEGIN ... COMMIT), nothing implicit.
+    # mode=rw never creates the file: a journal that should exist and does not is noticed.
+    uri = f"file:{quote(str(path))}?mode={'rwc' if create else 'rw'}"
+    return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+
+
+def _open_fd(path: Path, flags: int) -> int:
+    try:
+        return os.open(path, flags | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise JournalError(f"cannot open {path}: {exc.strerror or exc}") from None
+
+
+def _read_identity(path: Path) -> str | None:
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JournalError(f"cannot read the data dir's id {path}: {exc}") from None
+    if not text or not all(char in "0123456789abcdef" for char in text):
+        raise JournalError(f"the data dir's id file {path} is damaged (it holds {text[:40]!r})")
+    return text
+
+
+def _pending(identity_path: Path) -> Path:
+    return identity_path.with_name(identity_path.name + ".new")
+
+
+def _lock_id(fd: int) -> str:
+    return os.pread(fd, _HOLDER_AT, 0).strip(b"\0 \n").decode(errors="replace")
+
+
+def _size(path: Path) -> int:
+    """A file's size, -1 when it does not exist."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return -1
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:

@@ -7,6 +7,9 @@
 - ``.tiny/``: the journal (:mod:`tiny.journal`): ``lock``, the flush lock every writer takes;
   ``intent``, the flush under way (marked finished between flushes); and ``journal.sqlite3`` (with
   SQLite's ``-wal`` and ``-shm`` beside it), the idempotency keys.
+- ``.tiny-id``: the data dir's identity, a random id that its lock file and journal also hold,
+  so that a journal or lock deleted, replaced or brought from another data dir is noticed. It
+  lives outside ``.tiny/`` so that removing that folder is noticed too.
 
 Everything else (the sink, the handlers, the analytics, the benchmarks and tests, and the
 Rust crate's column list, which a test holds equal to :data:`COLUMNS`) asks this module
@@ -25,6 +28,7 @@ HEADER = (",".join(f'"{column}"' for column in COLUMNS) + "\n").encode()
 DAY_SUFFIX = ".csv"
 REJECTS_DIR = "rejects"
 STATE_DIR = ".tiny"
+IDENTITY_FILE = ".tiny-id"
 _DAY_FILE = re.compile(r"(\d{4}-\d{2}-\d{2})\.csv\Z")
 
 
@@ -75,3 +79,8 @@ def journal_path(data_dir: Path) -> Path:
 def intent_path(data_dir: Path) -> Path:
     """The intent of the flush under way: the files it appends to and their sizes before."""
     return state_dir(data_dir) / "intent"
+
+
+def identity_path(data_dir: Path) -> Path:
+    """``data_dir/.tiny-id``: the data dir's id, written once when its journal is created."""
+    return data_dir / IDENTITY_FILE

@@ -8,15 +8,15 @@ import logging
 import signal
 import sys
 
-# Until the server installs its own handlers, SIGTERM means "exit 0 now": nothing has been
-# accepted yet. (As PID 1 in a container, an unhandled SIGTERM would be ignored.) Set on import,
-# before the heavy imports below, as both entry points import this module first.
-signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-
-from tiny import config, prefork  # noqa: E402
+from tiny import config, prefork
 
 
 def main() -> int:
+    # Until the server installs its own handlers, SIGTERM means "exit 0 now": nothing has been
+    # accepted yet. (As PID 1 in a container, an unhandled SIGTERM would be ignored.) Set here,
+    # not on import: a process that only imports this module (the analytics pool's, spawned
+    # with app.py as its __mp_main__) keeps the default, and dies of SIGTERM as it should.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     options = config.parse()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
     # 4xx are logged by tiny.handlers.base with their reason; an access line per request costs speed

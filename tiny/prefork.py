@@ -12,17 +12,29 @@ word. So binding first checks that nobody listens there (a bind without SO_REUSE
 afterwards that every listening socket on the port is one of ours; otherwise the start fails
 with "address already in use".
 
-The parent restarts any worker that dies, forwards SIGTERM/SIGINT to the workers, waits for
-them to drain, and exits 0 when they all exited 0. Workers whose parent disappears (kill -9)
-notice within half a second and shut down cleanly.
+The parent restarts any worker that dies, and kills and replaces one whose heartbeat
+(tiny.heartbeat) shows its event loop stalled for ``--stall-timeout`` seconds, or its disk
+thread in one flush for that plus ``--lock-timeout`` (a stopped process holding the data
+dir's lock among them): its socket, and the connections queued on it, go to the
+replacement. A worker that dies at its start (before its event loop ever ran) 5 times in a
+row stops the server (exit 1, its log says why) instead of looping. SIGTERM/SIGINT: the parent forwards it to the
+workers, waits for them to drain (``--drain-timeout`` plus 2 s, then SIGKILL), and exits 0
+when they all exited 0. Workers whose parent disappears (kill -9) notice within half a
+second and shut down cleanly.
+
+Before any worker starts, the parent opens the data dir's journal once (tiny.journal): a
+journal that cannot be used stops the start with its reason (exit 1). ``--no-fork`` (or
+running under kernprof) serves in this process instead, with no parent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -30,15 +42,19 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from tiny import __version__, descriptors
+from tiny import __version__, descriptors, profiling
 from tiny.config import Config
+from tiny.heartbeat import Heartbeats
 
 log = logging.getLogger("tiny.prefork")
 _RESTART_BACKOFF_SECONDS = 1.0
 _KILL_GRACE_SECONDS = 2.0
+_RESTART_BUDGET = 5  # deaths in a row of one worker before its loop ever ran that stop the server
+_LOOP_SECONDS = 0.25  # the parent's loop wakes at least this often (signals wake it at once)
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
@@ -123,6 +139,8 @@ def serve(config: Config) -> int:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        if not _journal_usable(config):
+            return 1
         nofile = descriptors.raise_limit()
         try:
             config = dataclasses.replace(
@@ -145,13 +163,15 @@ def serve(config: Config) -> int:
         from tiny import codec
 
         host, port = sockets[0].getsockname()[:2]
+        in_process = config.no_fork or profiling.active()
         log.info(
-            "tiny %s listening on http://%s:%d with %d worker process(es), codec %s, data dir %s, durability %s, "
+            "tiny %s listening on http://%s:%d with %d worker process(es)%s, codec %s, data dir %s, durability %s, "
             "at most %d connections per worker (RLIMIT_NOFILE %d), %s",
             __version__,
             host,
             port,
             count,
+            " in this process" if in_process else "",
             codec.CODEC,
             config.data_dir.resolve(),
             config.durability,
@@ -159,7 +179,7 @@ def serve(config: Config) -> int:
             nofile,
             f"bearer token from the {config.token_source}" if config.token else "no token",
         )
-        if count == 1:  # no fork: kernprof and debuggers see the work in this process
+        if in_process:  # no fork: kernprof and debuggers see the work in this process
             from tiny.worker import run_worker
 
             return run_worker(config, sockets[0])
@@ -168,49 +188,171 @@ def serve(config: Config) -> int:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
+def _journal_usable(config: Config) -> bool:
+    """Open the data dir's journal once before any worker starts (creating it in a new data
+    dir; with --new-journal, replacing one found wrong), so that a journal that cannot be
+    used stops the start with its reason instead of failing every request."""
+    from tiny.journal import Journal, JournalError
+
+    journal = Journal(
+        config.data_dir,
+        fsync=config.durability == "fsync",
+        window=config.idempotency_window,
+        max_keys=config.idempotency_max_keys,
+        mode=config.journal_mode,
+        lock_timeout=config.lock_timeout,
+    )
+    try:
+        journal.open(accept_new=config.new_journal)
+    except JournalError as exc:
+        log.error("cannot start: %s", exc)
+        return False
+    finally:
+        journal.close()
+    return True
+
+
+@dataclasses.dataclass
+class _Worker:
+    index: int
+    started: float  # time.monotonic()
+
+
 class _Supervisor:
-    """The parent of the workers; see the module docstring."""
+    """The parent of the workers; see the module docstring.
+
+    Its signal handlers only record the signal (and wake the loop through
+    ``signal.set_wakeup_fd``); :meth:`run`'s loop does everything: reaps exited workers,
+    restarts them (after a back-off, within a budget), replaces a worker whose heartbeat
+    stalled, and stops the workers, with a deadline, when asked to.
+    """
 
     def __init__(self, config: Config, sockets: list[socket.socket]) -> None:
         self.config = config
         self.sockets = sockets
-        self.children: dict[int, tuple[int, float]] = {}  # pid -> (worker index, started)
+        self.heartbeats = Heartbeats(len(sockets))
+        self.children: dict[int, _Worker] = {}  # pid -> its slot and start
+        self.restart_at: dict[int, float] = {}  # slot -> when to start its next worker
+        self.early_deaths: dict[int, int] = {}  # slot -> workers in a row that died soon after start
+        self.received: list[int] = []  # signals recorded by the handlers, acted on by the loop
         self.stopping = False
+        self.deadline = 0.0
         self.failed = False
 
     def run(self) -> int:
         from tiny import metrics
 
-        signal.signal(signal.SIGTERM, self._on_stop)
-        signal.signal(signal.SIGINT, self._on_stop)
-        signal.signal(signal.SIGALRM, self._on_alarm)
-        for index in range(len(self.sockets)):
-            self._spawn(index)
-        while self.children:
-            try:
-                pid, status = os.wait()
-            except ChildProcessError:
-                break
-            if pid not in self.children:
+        wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        previous_fd = signal.set_wakeup_fd(wake_write)
+        previous = {signum: signal.signal(signum, self._record) for signum in (*_STOP_SIGNALS, signal.SIGCHLD)}
+        try:
+            for index in range(len(self.sockets)):
+                self._spawn(index)
+            while self.children or (self.restart_at and not self.stopping):
+                self._reap(metrics.mark_dead)
+                self._act_on_signals()
+                now = time.monotonic()
+                if self.stopping:
+                    if now > self.deadline and self.children:
+                        log.error("workers %s did not stop in time; killing them", sorted(self.children))
+                        self.failed = True
+                        self._kill_all(signal.SIGKILL)
+                        self.deadline = float("inf")
+                else:
+                    self._replace_stalled()
+                    for index, when in list(self.restart_at.items()):
+                        if now >= when:
+                            del self.restart_at[index]
+                            self._spawn(index)
+                select.select([wake_read], [], [], _LOOP_SECONDS)
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_read, 512):
+                        pass
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            signal.set_wakeup_fd(previous_fd)
+            os.close(wake_read)
+            os.close(wake_write)
+        return 1 if self.failed else 0
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        if signum != signal.SIGCHLD:
+            self.received.append(signum)
+
+    def _act_on_signals(self) -> None:
+        while self.received:
+            signum = self.received.pop(0)
+            if self.stopping:  # a second Ctrl-C or SIGTERM: stop now
+                log.warning("got %s again; killing the workers", signal.Signals(signum).name)
+                self._kill_all(signal.SIGKILL)
                 continue
-            index, started = self.children.pop(pid)
-            metrics.mark_dead(pid)
+            log.info("got %s; draining %d worker(s)", signal.Signals(signum).name, len(self.children))
+            self._stop()
+
+    def _stop(self) -> None:
+        self.stopping = True
+        self.restart_at.clear()
+        for sock in self.sockets:  # new connections are refused now, not queued for nobody
+            sock.close()
+        self._kill_all(signal.SIGTERM)
+        self.deadline = time.monotonic() + self.config.drain_timeout + _KILL_GRACE_SECONDS
+
+    def _reap(self, mark_dead: Callable[[int], None]) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            worker = self.children.pop(pid, None)
+            if worker is None:
+                continue
+            mark_dead(pid)
             code = os.waitstatus_to_exitcode(status)
             if self.stopping:
                 if code != 0:
-                    log.warning("worker %d (pid %d) exited with %d while stopping", index, pid, code)
+                    log.warning("worker %d (pid %d) exited with %d while stopping", worker.index, pid, code)
                     self.failed = True
                 continue
-            log.error("worker %d (pid %d) exited with %d; restarting it", index, pid, code)
-            if time.monotonic() - started < _RESTART_BACKOFF_SECONDS:
-                time.sleep(_RESTART_BACKOFF_SECONDS)  # a worker that dies at once must not spin
-            if not self.stopping:
-                self._spawn(index)
-        signal.alarm(0)
-        return 1 if self.failed else 0
+            lived = time.monotonic() - worker.started
+            # died at start: before its event loop ever ran (it never served)
+            at_start = not self.heartbeats.beaten_since(worker.index, worker.started)
+            early = self.early_deaths.get(worker.index, 0) + 1 if at_start else 0
+            self.early_deaths[worker.index] = early
+            if early >= _RESTART_BUDGET:
+                log.error(
+                    "worker %d died at its start %d times in a row (last: pid %d, exit code %d; its log above "
+                    "says why); stopping the server",
+                    worker.index,
+                    early,
+                    pid,
+                    code,
+                )
+                self.failed = True
+                self._stop()
+                continue
+            log.error("worker %d (pid %d) exited with %d; restarting it", worker.index, pid, code)
+            # a worker that dies at once must not spin: its replacement waits a moment
+            self.restart_at[worker.index] = time.monotonic() + (_RESTART_BACKOFF_SECONDS if lived < 1.0 else 0.0)
+
+    def _replace_stalled(self) -> None:
+        stall, lock = self.config.stall_timeout, self.config.lock_timeout
+        for pid, worker in list(self.children.items()):
+            # before its loop first runs, a worker may wait for the lock to open the journal
+            started = time.monotonic() - worker.started < stall + lock
+            why = self.heartbeats.stalled(worker.index, stall + (lock if started else 0.0), stall + lock)
+            if why is None:
+                continue
+            log.error("worker %d (pid %d) stalled: %s; killing it, a new one takes its socket", worker.index, pid, why)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # also ends a stopped process, releasing its locks
+            self.heartbeats.reset(worker.index)  # not killed twice while it dies
 
     def _spawn(self, index: int) -> None:
         parent = os.getpid()
+        self.heartbeats.reset(index)
         # Block the stop signals across the fork: the child must not run the parent's
         # handlers, and it unblocks them only once its event loop handles them
         # (tiny.worker), so a SIGTERM that comes early waits instead of killing it.
@@ -218,41 +360,25 @@ class _Supervisor:
         pid = os.fork()
         if pid:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-            self.children[pid] = (index, time.monotonic())
+            self.children[pid] = _Worker(index, time.monotonic())
             return
         code = 1
         try:
-            for signum in (*_STOP_SIGNALS, signal.SIGALRM):
+            signal.set_wakeup_fd(-1)
+            for signum in (*_STOP_SIGNALS, signal.SIGCHLD):
                 signal.signal(signum, signal.SIG_DFL)
             for other, sock in enumerate(self.sockets):
                 if other != index:
                     sock.close()
             from tiny.worker import run_worker
 
-            code = run_worker(self.config, self.sockets[index], parent_pid=parent)
+            code = run_worker(self.config, self.sockets[index], parent_pid=parent, beat=(self.heartbeats, index))
         except BaseException:
             traceback.print_exc()
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)  # never return into the parent's loop or run its atexit hooks
-
-    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
-        if self.stopping:  # a second Ctrl-C: stop now
-            self._kill_all(signal.SIGKILL)
-            return
-        self.stopping = True
-        log.info("got %s; draining %d worker(s)", signal.Signals(signum).name, len(self.children))
-        for sock in self.sockets:  # new connections are refused now, not queued for nobody
-            sock.close()
-        self._kill_all(signal.SIGTERM)
-        signal.alarm(int(self.config.drain_timeout + _KILL_GRACE_SECONDS + 1))
-
-    def _on_alarm(self, signum: int, frame: FrameType | None) -> None:
-        if self.children:
-            log.error("workers %s did not stop in time; killing them", sorted(self.children))
-            self.failed = True
-            self._kill_all(signal.SIGKILL)
 
     def _kill_all(self, signum: int) -> None:
         for pid in list(self.children):

@@ -20,3 +20,8 @@ def _identity(func: F) -> F:
 
 # kernprof -l puts a LineProfiler instance into builtins as `profile` before running app.py.
 profile: Callable[[F], F] = getattr(builtins, "profile", _identity)
+
+
+def active() -> bool:
+    """Whether kernprof runs this process (then the server serves in it, without forking)."""
+    return profile is not _identity

@@ -16,10 +16,11 @@ Every batch ends as stored (a 200 with the server's answer, whose counts match t
 as failed (counted, with its error): whatever the server or the network does, the summary
 never reports a lost batch as stored, and the exit status says so.
 
-Exactly once: each batch carries an ``Idempotency-Key`` derived from the file (a digest of
-its content) and the batch's first and last line, so sending it again, after a lost
-connection, a 502 or a 504 from a proxy, or in a second run of the same file with the same
-``--batch``, writes nothing twice: the server answers the stored answer, and the summary
+Exactly once: each batch carries an ``Idempotency-Key`` made of its records (a digest of the
+NDJSON built from the parsed rows) and its first and last line (:meth:`Batch.key`), so sending
+it again, after a lost connection, a 502 or a 504 from a proxy, or in a second run of the
+same rows with the same ``--batch`` (from the .csv.gz or the gunzipped .csv alike), writes
+nothing twice: the server answers the stored answer, and the summary
 counts those batches as ``replayed``. ``--no-keys`` sends none (then a batch resent after a
 lost connection may duplicate rows).
 
@@ -60,7 +61,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from tiny.replay_batches import Batch, MalformedRow, file_digest, file_lines, numbered_batches
+from tiny.replay_batches import Batch, MalformedRow, file_lines, numbered_batches
 
 _MAX_RETRY_AFTER = 60.0  # seconds; a longer Retry-After is capped
 _BACKOFF_START = 0.1
@@ -276,7 +277,6 @@ def replay(options: Options, progress: IO[str] | None = None) -> Summary:
     lock = threading.Lock()
     bar = Progress(progress)
     source = numbered_batches(file_lines(options.path, options.start_line), options.batch)
-    prefix = f"replay-{file_digest(options.path)}" if options.keys else ""
     work: queue.Queue[Batch | None] = queue.Queue(maxsize=2 * options.concurrency)
     stop = threading.Event()
     posters = [Poster(options, summary, lock) for _ in range(options.concurrency)]
@@ -297,7 +297,7 @@ def replay(options: Options, progress: IO[str] | None = None) -> Summary:
                 continue
             try:
                 body = gzip.compress(batch.body, 5) if options.gzip else batch.body
-                key = f"{prefix}-{batch.first_line}-{batch.last_line}" if prefix else None
+                key = batch.key() if options.keys else None
                 valid, invalid = poster.post(body, batch.records, key)
             except BatchFailed as exc:
                 fail(batch, str(exc))

@@ -2,8 +2,8 @@
 
 :func:`file_lines` reads a ``YYYY-MM-DD.csv[.gz]`` file with :mod:`tiny.cranlog` and gives
 each record as an NDJSON line with its line number; :func:`numbered_batches` cuts them into
-:class:`Batch` es; :func:`file_digest` names the file's content, the source part of each
-batch's ``Idempotency-Key`` (tiny.replay).
+:class:`Batch` es, each of which names itself by its records (:meth:`Batch.key`, the
+``Idempotency-Key`` tiny.replay sends).
 """
 
 from __future__ import annotations
@@ -54,6 +54,15 @@ class Batch:
     records: int
     body: bytes
 
+    def key(self) -> str:
+        """``replay-<128-bit BLAKE2b of the NDJSON body>-<first line>-<last line>``: made of
+        the records (the body is built from the parsed rows) and where they stand, never of
+        the file's bytes, so that the same rows replayed from the .csv.gz, the gunzipped
+        .csv or a copy with CRLF line ends get the same keys, and equal batches at two places
+        of a file do not."""
+        digest = hashlib.blake2b(self.body, digest_size=16).hexdigest()
+        return f"replay-{digest}-{self.first_line}-{self.last_line}"
+
 
 def numbered_batches(lines: Iterable[tuple[int, bytes]], size: int) -> Iterator[Batch]:
     """Consecutive ``size``-record batches of numbered lines (see :func:`file_lines`). When the
@@ -79,12 +88,3 @@ def numbered_batches(lines: Iterable[tuple[int, bytes]], size: int) -> Iterator[
 
 def _batch(chunk: list[tuple[int, bytes]]) -> Batch:
     return Batch(chunk[0][0], chunk[-1][0], len(chunk), b"".join(line for _, line in chunk))
-
-
-def file_digest(path: Path) -> str:
-    """16 hex digits of the SHA-256 of a file's bytes: the source part of each batch's key."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()[:16]

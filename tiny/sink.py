@@ -7,32 +7,42 @@ object per refused line; ``.tiny/``, the journal (tiny.journal).
 Locking, journal and ack rules, which hold across every process and container sharing
 DATA_DIR:
 
-- A flush holds the data dir's flush lock from start to end (every writer takes it), so
-  rows of different writers never interleave, and "is the file empty, then write the
-  header" is race-free. It first lets the journal repair what a crashed flush left (each file
-  cut back to exactly its size before it), then claims its appends' idempotency keys (the
-  new ones are inserted in a transaction that commits only after the data), then records its
-  intent (the files, their sizes, the first new key), then writes each file it touches with
-  ONE ``write(2)`` on an ``O_APPEND`` descriptor, then commits the keys' transaction (if
-  any) and marks its intent finished (tiny.journal). Killed at any point, a flush leaves its
-  rows and keys both, or neither.
-- An append whose key the journal (or an earlier append of the same flush) holds already
-  writes nothing: its future resolves to the :class:`~tiny.journal.Stored` digest and answer,
-  and the caller answers from them. So a retry, in any process, never writes a batch twice.
-- If any write of a flush fails (disk full, EFBIG, EIO), every file of it is cut back to its
-  size before, a file it created is removed, and its intent dropped. One request's failure
-  never fails another's write: each append of a failed flush is written again on its own, and
-  only those that fail then get SinkError.
+- A flush holds the data dir's flush lock from start to end (every writer takes it, waiting
+  at most the journal's ``lock_timeout``), so rows of different writers never interleave,
+  and "is the file empty, then write the header" is race-free. It first lets the journal
+  repair what a crashed flush left, then claims its appends' idempotency keys (the new ones
+  are inserted in a transaction that commits only after the data), then records its intent
+  (the files, their sizes before and after, the first new key), then writes each file it
+  touches with ONE ``write(2)`` on an ``O_APPEND`` descriptor, then commits the keys'
+  transaction (if any: the commit point) and marks its intent committed (the commit point of
+  a flush without keys). Killed at any point, a flush leaves its rows and keys both, or
+  neither.
+- Per key, the first append of a flush decides: its digest and answer are what the flush
+  claims, and its rows are what it writes. Every later append with that key, in this flush
+  or after, writes nothing: its future resolves to the :class:`~tiny.journal.Stored` digest
+  and answer of the first, and the caller answers from them (the same body: replayed;
+  another: 422). So a retry, in any process, never writes a batch twice.
+- If a flush fails before its commit point (disk full, EFBIG, EIO, its keys' commit refused),
+  every file of it is cut back to its size before, a file it created is removed, and its
+  intent marked undone, all before any append is answered: a SinkError means nothing of it
+  is on disk. One request's failure never fails another's write: each append of a failed
+  flush is written again on its own, and only those that fail then get SinkError. A failure
+  of the data dir as a whole (the lock held too long by another process, a journal
+  refused: :class:`~tiny.journal.JournalError`) fails the whole group at once, without
+  retries. A flush that fails after its commit point (the committed mark of a flush with
+  keys) is a success: the next recovery finds its key and keeps its rows.
 - A file whose last byte is not an LF (a row copied in or edited by hand) gets one before
   the flush's rows: bytes the sink did not write are never removed.
-- Descriptors are bounded: a flush opens at most ``max_files`` files at once (a group commit
-  of appends that touch more files is split in order; one append always goes whole).
+- Bounds: a flush opens at most ``max_files`` files at once and holds at most
+  :data:`MAX_FLUSH_APPENDS` appends (a group commit past either is split in order; one append
+  always goes whole); it waits at most the lock timeout for the lock.
 - :meth:`DailyFileSink.append` returns a future that resolves once the flush committed
   (``fsync``: after the data, the directories of new files and the commit reached the disk),
   or fails with :class:`SinkError`. A 200 is sent only then.
 - Group commit: appends that arrive while a flush is in flight go out together in the next
   one. The disk work runs on one worker thread, never on the event loop; that thread is the
-  only writer of this process, so flushes are ordered.
+  only writer of this process, so flushes are ordered. :attr:`DailyFileSink.busy_since` tells
+  a watchdog how long that thread has been in one flush.
 """
 
 from __future__ import annotations
@@ -49,17 +59,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from sqlite3 import Error as SQLiteError
 
-from tiny.journal import Intent, Journal, Stored, fsync_dir
+from tiny.journal import Claim, Intent, Journal, JournalError, LockTimeout, Stored, fsync_dir
 from tiny.profiling import profile
 
 log = logging.getLogger("tiny.sink")
 
-Key = tuple[str, bytes, bytes]  # (idempotency key, digest of the body, the answer to store)
 CRASH_POINTS = ("before-writes", "between-writes", "after-writes", "after-commit", "after-finish")
+MAX_FLUSH_APPENDS = 256  # appends (so keys) in one flush: bounds its transaction and its expiry
+_REOPEN_SECONDS = 1.0  # a journal that failed to open is tried again at most this often
+_WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for the lock before /healthz reports it
 
 
 class SinkError(Exception):
-    """The disk refused a flush; nothing of the requests in it was kept."""
+    """The disk or the data dir refused a flush; nothing of the requests in it was kept."""
 
 
 class BacklogFull(SinkError):
@@ -76,26 +88,26 @@ def _write_fully(fd: int, data: bytes) -> None:
 
 
 class _Append:
-    """One :meth:`DailyFileSink.append`: its chunks, key, size and the future that answers it."""
+    """One :meth:`DailyFileSink.append`: its chunks, claim, size and the future that answers it."""
 
-    __slots__ = ("chunks", "key", "size", "waiter")
+    __slots__ = ("chunks", "claim", "size", "waiter")
 
     def __init__(
-        self, chunks: Mapping[str, bytes], key: Key | None, size: int, waiter: asyncio.Future[Stored | None]
+        self, chunks: Mapping[str, bytes], claim: Claim | None, size: int, waiter: asyncio.Future[Stored | None]
     ) -> None:
         self.chunks = chunks
-        self.key = key
+        self.claim = claim
         self.size = size
         self.waiter = waiter
 
 
-def _groups(appends: list[_Append], max_files: int) -> list[list[_Append]]:
-    """``appends`` cut, in order, into groups that touch at most ``max_files`` files each
-    (a group of one append may touch more: an append is never split)."""
+def _groups(appends: list[_Append], max_files: int, max_appends: int = MAX_FLUSH_APPENDS) -> list[list[_Append]]:
+    """``appends`` cut, in order, into groups of at most ``max_appends`` that touch at most
+    ``max_files`` files each (a group of one append may touch more: an append is never split)."""
     groups: list[list[_Append]] = []
     files: set[str] = set()
     for append in appends:
-        if groups and len(files | append.chunks.keys()) <= max_files:
+        if groups and len(groups[-1]) < max_appends and len(files | append.chunks.keys()) <= max_files:
             files |= append.chunks.keys()
             groups[-1].append(append)
         else:
@@ -108,10 +120,11 @@ class DailyFileSink:
     """Appends byte chunks to files under ``data_dir``; see the module docstring for rules.
 
     ``headers`` maps a file suffix to the bytes that open every new file with that suffix.
-    ``journal`` is the data dir's journal (default: one with ``fsync``); the sink opens it on
-    its thread. ``on_flush(seconds, nbytes, ok)`` is called on the event loop after each flush.
-    ``crash_at`` (``"point:probability"``, a point of CRASH_POINTS) makes a flush kill its own
-    process there with SIGKILL, for the crash tests.
+    ``journal`` is the data dir's journal (default: one with ``fsync``); :meth:`open` opens
+    it, or the first flush does. ``on_flush(seconds, nbytes, ok)`` is called on the event
+    loop after each flush. ``crash_at`` (``"point:probability[:stop]"``, a point of
+    CRASH_POINTS) makes a flush kill its own process there with SIGKILL (or stop it with
+    SIGSTOP, the lock held), for the crash tests.
     """
 
     def __init__(
@@ -133,41 +146,110 @@ class DailyFileSink:
         self.headers = dict(headers or {})
         self.journal = journal or Journal(self.data_dir, fsync=fsync)
         self._on_flush = on_flush
-        self._crash_point, _, chance = crash_at.partition(":")
-        self._crash_chance = float(chance or 1) if self._crash_point else 0.0
+        point, _, rest = crash_at.partition(":")
+        chance, _, how = rest.partition(":")
+        self._crash_point = point
+        self._crash_chance = float(chance or 1) if point else 0.0
+        self._crash_signal = signal.SIGSTOP if how == "stop" else signal.SIGKILL
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiny-sink")
-        self._opened = False
         self._pending: list[_Append] = []
         self._backlog = 0  # pending + in flight
         self._flushing: asyncio.Task[None] | None = None
+        self._open_tried = -_REOPEN_SECONDS
+        self._probed = -_REOPEN_SECONDS
+        self._repair = False  # a flush failed to cut its files back or mark its intent: recover at close
+        self.fault: str | None = None  # why the last flush (or opening the journal) failed; None after a success
+        self.failures = 0  # appends answered with SinkError
+        self.busy_since = 0.0  # time.monotonic() when the sink thread began the flush it is in; 0 when idle
 
     @property
     def backlog(self) -> int:
         """Bytes accepted by :meth:`append` and not yet written."""
         return self._backlog
 
-    def append(self, chunks: Mapping[str, bytes], key: Key | None = None) -> asyncio.Future[Stored | None]:
+    def open(self) -> None:
+        """Open the journal now (a worker's start), so that :meth:`digest` works; on
+        JournalError the sink starts faulty and tries again later (see :meth:`ready`)."""
+        self._open_tried = time.monotonic()
+        try:
+            self.journal.open()
+        except JournalError as exc:
+            self.fault = str(exc)
+            raise
+
+    async def ready(self) -> None:
+        """Return once the journal is open; SinkError (the reason) when it cannot be opened.
+        A journal that failed is tried again at most once a second; in between, the last
+        reason is raised at once."""
+        if self.journal.is_open:
+            return
+        if time.monotonic() - self._open_tried < _REOPEN_SECONDS and self.fault:
+            raise SinkError(self.fault)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._open_on_thread)
+        except JournalError as exc:
+            raise SinkError(str(exc)) from None
+
+    def _open_on_thread(self) -> None:
+        if self.journal.is_open:
+            return
+        self._open_tried = time.monotonic()
+        try:
+            self.journal.open()
+        except JournalError as exc:
+            self.fault = str(exc)
+            log.error("%s", exc)
+            raise
+        self.fault = None
+
+    def trouble(self) -> str | None:
+        """Why writes fail or wait now (for /healthz), or None: a wait of more than a second
+        for the flush lock (and who holds it), or the reason the last flush failed."""
+        waiting = self.journal.waiting_since
+        if waiting and time.monotonic() - waiting > _WAIT_REPORTED_AFTER:
+            return (
+                f"waiting {time.monotonic() - waiting:.1f} s for the data dir's flush lock, {self.journal.waiting_for}"
+            )
+        return self.fault
+
+    def digest(self, body: bytes) -> bytes:
+        """The journal's digest of a body (any thread; after :meth:`ready`)."""
+        return self.journal.digest(body)
+
+    def append(self, chunks: Mapping[str, bytes], claim: Claim | None = None) -> asyncio.Future[Stored | None]:
         """Queue ``{relative_path: bytes}`` for the next flush; all or nothing.
 
-        Returns a future that resolves to None once every chunk is on disk and ``key`` (if
-        any) recorded with them, or to the Stored digest and answer of ``key`` when it was
-        stored before (then nothing is written); or raises :class:`SinkError`. Raises
-        :class:`BacklogFull` at once, queueing nothing, when the backlog would exceed
-        ``max_backlog``.
+        Returns a future that resolves to None once every chunk is on disk and ``claim`` (if
+        any) recorded with them, or to the Stored digest and answer of its key when the key
+        was stored before, or by an earlier append of the same flush (then nothing is
+        written); or raises :class:`SinkError`. Raises :class:`BacklogFull` at once,
+        queueing nothing, when the backlog would exceed ``max_backlog``.
         """
         size = sum(len(data) for data in chunks.values())
         if self._backlog and self._backlog + size > self.max_backlog:
             raise BacklogFull(f"{self._backlog} bytes are waiting for the disk")
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Stored | None] = loop.create_future()
-        self._pending.append(_Append(chunks, key, size, waiter))
+        self._pending.append(_Append(chunks, claim, size, waiter))
         self._backlog += size
         if self._flushing is None:
             self._flushing = loop.create_task(self._flush_loop())
         return waiter
 
-    async def _flush_loop(self) -> None:
+    def probe(self) -> None:
+        """If the last flush failed and none is under way, try the write path once more,
+        writing nothing (the journal opened, the lock taken, recovery run), at most once a
+        second: a fault that went away is then cleared without waiting for a request."""
+        now = time.monotonic()
+        if self.fault is None or self._flushing is not None or now - self._probed < _REOPEN_SECONDS:
+            return
+        self._probed = now
+        self._flushing = asyncio.get_running_loop().create_task(self._flush_loop(probe=True))
+
+    async def _flush_loop(self, probe: bool = False) -> None:
         try:
+            if probe:
+                await self._flush([])
             while self._pending:
                 pending, self._pending = self._pending, []
                 for group in _groups(pending, self.max_files):
@@ -180,142 +262,235 @@ class DailyFileSink:
             self._flushing = None
 
     async def _flush(self, group: list[_Append]) -> bool:
-        """Write ``group`` in one flush, all or nothing. On success its appends are answered;
-        on failure only a group of one is (with SinkError): a bigger one is left to retry."""
+        """Write ``group`` in one flush, all or nothing. Returns False when it failed and is
+        left to retry append by append (a file failure in a group of several); otherwise
+        every append of it is answered (with SinkError when it failed)."""
         size = sum(append.size for append in group)
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
+        answered = True
         try:
-            results = await loop.run_in_executor(
-                self._executor, self._write_group, [(append.chunks, append.key) for append in group]
-            )
+            results = await loop.run_in_executor(self._executor, self._write_group, group)
+        except JournalError as exc:  # the data dir as a whole: retrying each append would not help
+            log.error("flush of %d bytes (%d appends) refused: %s", size, len(group), exc)
+            self._fail(group, str(exc))
+            ok = False
         except (OSError, SQLiteError) as exc:
             log.error("flush of %d bytes (%d appends) failed: %s", size, len(group), exc)
+            reason = f"the disk refused the write: {getattr(exc, 'strerror', None) or exc}"
+            self.fault = reason
             if len(group) == 1:
-                reason = getattr(exc, "strerror", None) or exc
-                self._answer(group, [None], SinkError(f"the disk refused the write: {reason}"))
+                self._fail(group, reason)
+            else:
+                answered = False
             ok = False
         else:
-            self._answer(group, results, None)
+            self.fault = None
+            self._answer(group, results)
             ok = True
-        if self._on_flush is not None:
+        if self._on_flush is not None and group:  # not for a probe
             self._on_flush(time.perf_counter() - started, size, ok)
-        return ok
+        return answered
 
-    def _answer(self, group: list[_Append], results: list[Stored | None], error: SinkError | None) -> None:
+    def _answer(self, group: list[_Append], results: list[Stored | None]) -> None:
         for append, result in zip(group, results, strict=True):
             self._backlog -= append.size
-            if append.waiter.done():
-                continue
-            if error is None:
+            if not append.waiter.done():
                 append.waiter.set_result(result)
-            else:
-                append.waiter.set_exception(error)
+
+    def _fail(self, group: list[_Append], reason: str) -> None:
+        self.fault = reason
+        self.failures += len(group)
+        for append in group:
+            self._backlog -= append.size
+            if not append.waiter.done():
+                append.waiter.set_exception(SinkError(reason))
 
     @profile
-    def _write_group(self, group: list[tuple[Mapping[str, bytes], Key | None]]) -> list[Stored | None]:
+    def _write_group(self, group: list[_Append]) -> list[Stored | None]:
         """Runs on the sink thread: one journaled flush of ``group`` under the data dir's lock.
         Returns, per append, None (written) or the Stored answer of its key (not written)."""
-        if not self._opened:
-            self.journal.open()
-            self._opened = True
-        with self.journal.locked():
-            self.journal.recover()
-            distinct = {key[0]: key for _, key in group if key is not None}  # the first of each
-            held = self.journal.claim(list(distinct.values()))
-            try:
-                results: list[Stored | None] = []
-                pending: dict[str, list[bytes]] = {}
-                first_key = None
-                for chunks, key in group:
-                    if key is not None:
-                        if key[0] in held:  # stored before, or by an earlier append of this flush
-                            results.append(held[key[0]])
-                            continue
-                        held[key[0]] = Stored(key[1], key[2])
-                        first_key = first_key or key[0]
-                    results.append(None)
-                    for name, data in chunks.items():
-                        pending.setdefault(name, []).append(data)
-                self._write_files(pending, first_key)
-                self._crash("after-writes")
-                self.journal.commit()
-            except BaseException:
-                self.journal.rollback()
-                raise
-            self._crash("after-commit")  # the keys are recorded, the intent is still there
-            self.journal.finish()
-            self._crash("after-finish")
-        return results
-
-    def _write_files(self, pending: Mapping[str, list[bytes]], first_key: str | None) -> None:
-        """Append each file's chunks with one write, after recording the intent (with the
-        first key the flush will record); all or nothing."""
-        opened: list[tuple[int, Intent]] = []
-        new_dirs: set[Path] = set()
+        self.busy_since = time.monotonic()
         try:
-            for name in sorted(pending):
-                path = self.data_dir / name
-                path.parent.mkdir(parents=True, exist_ok=True)  # one stat when it exists
-                try:
-                    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-                    created = True
-                except FileExistsError:
-                    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)  # RDWR: the last byte is read
-                    created = False
-                opened.append((fd, Intent(name, os.fstat(fd).st_size, created)))
-                if created:
-                    new_dirs.add(path.parent)
-            if opened:
-                self.journal.intend([intent for _, intent in opened], first_key)
-            self._crash("before-writes")
-            for number, (fd, intent) in enumerate(opened):
-                data = b"".join(pending[intent.name])
-                if intent.size_before == 0:
-                    data = self.headers.get(Path(intent.name).suffix, b"") + data
-                elif os.pread(fd, 1, intent.size_before - 1) != b"\n":
-                    data = b"\n" + data  # the last row someone else wrote lacks its LF: keep it whole
-                _write_fully(fd, data)
-                if number == 0:
-                    self._crash("between-writes")
-            if self.fsync:
-                # The ack promises the rows survive a crash: the file data, and the directory
-                # entry of any file this flush created, reach the disk before the commit.
-                for fd, _ in opened:
-                    os.fsync(fd)
-                for directory in new_dirs:
-                    fsync_dir(directory)
-        except BaseException:
-            self._roll_back(opened)
-            raise
+            if not self.journal.is_open:
+                if time.monotonic() - self._open_tried < _REOPEN_SECONDS and self.fault:
+                    raise JournalError(self.fault)
+                self._open_on_thread()
+            try:
+                with self.journal.locked():
+                    return self._write_locked(group)
+            except LockTimeout:
+                raise
+            except JournalError:
+                self.journal.close()  # reopened, with every check, by a later flush
+                self._open_tried = time.monotonic()
+                raise
+        finally:
+            self.busy_since = 0.0
+
+    def _write_locked(self, group: list[_Append]) -> list[Stored | None]:
+        journal = self.journal
+        journal.recover()
+        decided: dict[str, Stored] = {}  # per key, the first append's digest and answer
+        claims: list[Claim] = []
+        for append in group:
+            if append.claim is not None and append.claim.key not in decided:
+                decided[append.claim.key] = Stored(append.claim.digest, append.claim.answer)
+                claims.append(append.claim)
+        held = journal.claim(claims)
+        results: list[Stored | None] = []
+        pending: dict[str, list[bytes]] = {}
+        writing: set[str] = set()
+        first_key = None
+        for append in group:
+            if append.claim is not None:
+                key = append.claim.key
+                if key in held:  # stored before this flush
+                    results.append(held[key])
+                    continue
+                if key in writing:  # an earlier append of this flush decided it
+                    results.append(decided[key])
+                    continue
+                writing.add(key)
+                first_key = first_key or key
+            results.append(None)
+            for name, data in append.chunks.items():
+                pending.setdefault(name, []).append(data)
+        opened: list[tuple[int, Intent]] = []
+        intended = False
+        try:
+            try:
+                intended = self._write_files(pending, first_key, opened)
+                self._crash("after-writes")
+                journal.commit()  # the commit point of a flush with keys
+            except BaseException:
+                journal.rollback()
+                self._roll_back(opened, intended)  # before any answer: a SinkError keeps nothing
+                raise
+            self._crash("after-commit")  # the keys are recorded, the intent is still live
+            try:
+                if intended:
+                    journal.finish()  # the commit point of a flush without keys
+            except OSError as exc:
+                if first_key is None:
+                    self._roll_back(opened, intended)
+                    raise
+                # Committed already: the next recovery finds the first key and keeps the rows.
+                self._repair = True
+                log.error("could not mark a committed flush (the next flush will): %s", exc)
+            self._crash("after-finish")
         finally:
             for fd, _ in opened:
                 os.close(fd)
+        return results
 
-    def _roll_back(self, opened: list[tuple[int, Intent]]) -> None:
-        """Cut every file of a failed flush back and drop its intent; if that fails too, the
-        intent stays and the next flush's recovery does it."""
+    def _write_files(self, pending: Mapping[str, list[bytes]], first_key: str | None, opened: list) -> bool:
+        """Append each file's chunks with one write, after recording the intent (with the
+        first key the flush will record). Fills ``opened`` with each descriptor and its
+        intent as it goes, for the caller's roll-back; returns whether the intent was written."""
+        writes: list[tuple[int, bytes]] = []
+        new_dirs: set[Path] = set()
+        for name in sorted(pending):
+            path = self.data_dir / name
+            path.parent.mkdir(parents=True, exist_ok=True)  # one stat when it exists
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                created = True
+            except FileExistsError:
+                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)  # RDWR: the last byte is read
+                created = False
+            size = os.fstat(fd).st_size
+            opened.append((fd, Intent(name, size, size, created)))  # the size after follows
+            data = b"".join(pending[name])
+            if size == 0:
+                data = self.headers.get(Path(name).suffix, b"") + data
+            elif os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data  # the last row someone else wrote lacks its LF: keep it whole
+            opened[-1] = (fd, Intent(name, size, size + len(data), created))
+            writes.append((fd, data))
+            if created:
+                new_dirs.add(path.parent)
+        if not opened:
+            return False
+        self.journal.intend([intent for _, intent in opened], first_key)
+        self._crash("before-writes")
+        for number, (fd, data) in enumerate(writes):
+            _write_fully(fd, data)
+            if number == 0:
+                self._crash("between-writes")
+        if self.fsync:
+            # The ack promises the rows survive a crash: the file data, and the directory
+            # entry of any file this flush created, reach the disk before the commit.
+            for fd, _ in opened:
+                os.fsync(fd)
+            for directory in new_dirs:
+                fsync_dir(directory)
+        return True
+
+    def _roll_back(self, opened: list[tuple[int, Intent]], intended: bool) -> None:
+        """Cut every file of a failed flush back and mark its intent undone; if that fails
+        too, the intent stays live and the next recovery (at the latest, :meth:`close`'s)
+        does it."""
         try:
             for fd, intent in opened:
                 if intent.created:
                     (self.data_dir / intent.name).unlink(missing_ok=True)
                 else:
                     os.ftruncate(fd, intent.size_before)
-            if opened:
+            if self.fsync:
+                for fd, intent in opened:
+                    if not intent.created:
+                        os.fsync(fd)
+            if intended:
                 self.journal.abandon()
         except (OSError, SQLiteError) as exc:
+            self._repair = True
             log.critical("could not roll back a failed flush (the next flush will): %s", exc)
 
     def _crash(self, point: str) -> None:
-        """Fault injection for the crash tests: SIGKILL this process at ``point`` (see crash_at)."""
+        """Fault injection for the crash tests: SIGKILL (or SIGSTOP) this process at ``point``."""
         if point == self._crash_point and random.random() < self._crash_chance:
-            log.warning("crash test: killing this process %s", point)
-            os.kill(os.getpid(), signal.SIGKILL)
+            log.warning(
+                "crash test: %s this process %s",
+                "stopping" if self._crash_signal == signal.SIGSTOP else "killing",
+                point,
+            )
+            os.kill(os.getpid(), self._crash_signal)
 
-    async def close(self) -> None:
-        """Write everything still pending, then close the journal and stop the sink thread."""
-        while self._flushing is not None:
-            await self._flushing
-        if self._opened:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self.journal.close)
+    async def close(self, timeout: float = 8.0) -> bool:
+        """Write everything still pending within ``timeout`` seconds (the lock waited for at
+        most what is left of it), then close the journal and stop the sink thread. Returns
+        True when every append was written; False when some got SinkError, or the sink thread
+        is stuck in a flush (its appends are then never answered: the caller exits)."""
+        deadline = time.monotonic() + timeout
+        failures = self.failures
+        # Waits for the lock, the one under way included, end a little before the deadline: a
+        # flush that cannot get the lock then fails (503) instead of writing after the stop.
+        self.journal.give_up_at = deadline - min(0.2, timeout / 4)
+        loop = asyncio.get_running_loop()
+        try:
+            while self._flushing is not None:
+                await asyncio.wait_for(asyncio.shield(self._flushing), max(0.0, deadline - time.monotonic()))
+            if self._repair:
+                await asyncio.wait_for(
+                    loop.run_in_executor(self._executor, self._recover), max(0.1, deadline - time.monotonic())
+                )
+            await asyncio.wait_for(loop.run_in_executor(self._executor, self.journal.close), 1.0)
+        except TimeoutError:
+            log.error("the sink thread is stuck in a flush for %.1f s; leaving it", time.monotonic() - self.busy_since)
+            self._fail(self._pending, "the server stopped before this request could be written")
+            self._pending = []
+            self._executor.shutdown(wait=False)
+            return False
         self._executor.shutdown(wait=True)
+        return self.failures == failures and not self._repair
+
+    def _recover(self) -> None:
+        try:
+            if not self.journal.is_open:
+                self.journal.open()
+            with self.journal.locked():
+                self.journal.recover()
+            self._repair = False
+        except (OSError, SQLiteError, JournalError) as exc:
+            log.error("could not repair the last failed flush before stopping: %s", exc)

@@ -279,8 +279,26 @@ class Server:
 
     @property
     def pid(self) -> int:
+        """The server's own process: the parent of its workers (or, with --no-fork, the worker)."""
         assert self.proc is not None
         return self.proc.pid
+
+    def worker_pids(self) -> set[int]:
+        """The pids of the server's workers: its parent's children (a worker's own children,
+        the analytics pool, are not among them)."""
+        try:
+            children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+        except OSError:
+            return set()
+        return {int(pid) for pid in children}
+
+    def worker_pid(self, timeout: float = 5.0) -> int:
+        """The pid of the one worker of a one-worker server (waiting for it to run)."""
+        deadline = time.monotonic() + timeout
+        while not (pids := self.worker_pids()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(pids) == 1, f"expected one worker, found {sorted(pids)}"
+        return pids.pop()
 
     def request(
         self,

@@ -1,10 +1,18 @@
 """One worker process: its sink, analytics and metrics, the Tornado app on a listening socket, and its shutdown.
 
+At start the worker opens the data dir's journal; if it cannot (the parent opened it a moment
+ago, so something changed since), it serves anyway and answers every write 503 with the
+reason, trying the journal again at most once a second, until it works. While it runs, its
+event loop writes its heartbeat (tiny.heartbeat) for the parent.
+
 Shutdown (SIGTERM, SIGINT, or the parent process gone) follows :mod:`tiny.drain`: the
 socket stops accepting, requests on connections already open are still served for a short
 grace (answered with ``Connection: close``), requests in flight finish (up to
-``drain_timeout``), the sink writes everything it acknowledged or still holds, the analytics
-pool stops, connections close, and :func:`run_worker` returns 0.
+``drain_timeout``), the sink writes everything still pending within what is left of
+``drain_timeout`` (at least a second), the analytics pool stops, connections close. Then
+:func:`run_worker` returns 0, or 1 when some request could not be written (it was answered
+503) or the sink thread hung in a flush (its requests get no answer; the process exits
+without waiting for it).
 """
 
 from __future__ import annotations
@@ -21,27 +29,38 @@ from tiny.analytics.service import Analytics
 from tiny.config import Config
 from tiny.drain import Drain
 from tiny.handlers.base import HEADER_READ_LIMIT, Deps, instance_name
+from tiny.heartbeat import BEAT_SECONDS, Heartbeats
 from tiny.httpserver import TinyHTTPServer
-from tiny.journal import Journal
+from tiny.journal import Journal, JournalError
 from tiny.metrics import Metrics
 from tiny.routes import make_app
 from tiny.sink import DailyFileSink
 
 log = logging.getLogger("tiny.worker")
 _PARENT_POLL_SECONDS = 0.5
+_STUCK = -1  # _serve's code when the sink thread hung in a flush
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-def run_worker(config: Config, sock: socket.socket, parent_pid: int | None = None) -> int:
+def run_worker(
+    config: Config,
+    sock: socket.socket,
+    parent_pid: int | None = None,
+    beat: tuple[Heartbeats, int] | None = None,
+) -> int:
     """Serve on ``sock`` until told to stop; returns the process exit code (0 = clean).
 
     ``parent_pid``: the supervising parent; when it goes away the worker shuts down
-    instead of serving on as an orphan.
+    instead of serving on as an orphan. ``beat``: the parent's heartbeat slots and this
+    worker's index in them.
     """
     # A write past RLIMIT_FSIZE must fail with EFBIG (-> 503), not kill the worker.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    asyncio.run(_serve(config, sock, parent_pid))
-    return 0
+    code = asyncio.run(_serve(config, sock, parent_pid, beat))
+    if code == _STUCK:  # the sink thread cannot be joined: leave without the interpreter's exit
+        logging.shutdown()
+        os._exit(1)
+    return code
 
 
 def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
@@ -57,6 +76,7 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
         window=config.idempotency_window,
         max_keys=config.idempotency_max_keys,
         mode=config.journal_mode,
+        lock_timeout=config.lock_timeout,
     )
     sink = DailyFileSink(
         config.data_dir,
@@ -71,14 +91,21 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
     return sink
 
 
-async def _serve(config: Config, sock: socket.socket, parent_pid: int | None) -> None:
+async def _serve(
+    config: Config, sock: socket.socket, parent_pid: int | None, beat: tuple[Heartbeats, int] | None
+) -> int:
     loop = asyncio.get_running_loop()
     metrics = Metrics()
     drain = Drain()
+    sink = _sink(config, metrics)
+    try:
+        sink.open()
+    except JournalError as exc:
+        log.error("the journal cannot be used (every write gets 503 until it can): %s", exc)
     deps = Deps(
         config=config,
         metrics=metrics,
-        sink=_sink(config, metrics),
+        sink=sink,
         analytics=Analytics.from_config(config),
         drain=drain,
         instance=instance_name(sock.getsockname()[1]),
@@ -100,6 +127,7 @@ async def _serve(config: Config, sock: socket.socket, parent_pid: int | None) ->
         loop.add_signal_handler(signum, stop.set)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked by the parent across fork
     watcher = loop.create_task(_watch_parent(parent_pid, stop)) if parent_pid else None
+    beater = loop.create_task(_beat(beat[0], beat[1], sink)) if beat else None
     log.info("worker %s ready (codec %s)", deps.instance, codec.CODEC)
     await stop.wait()
 
@@ -111,15 +139,39 @@ async def _serve(config: Config, sock: socket.socket, parent_pid: int | None) ->
     left = await drain.settle(config.drain_timeout)
     if left:
         log.warning("%d requests still in flight after %.1f s; closing them", left, config.drain_timeout)
-    await deps.sink.close()
+    failures = sink.failures
+    written = await sink.close(max(1.0, config.drain_timeout - (time.monotonic() - started)))
     deps.analytics.close()
     try:
         await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
     except TimeoutError:
         pass
-    if watcher is not None:
-        watcher.cancel()
-    log.info("worker %s stopped after %.2f s of draining", deps.instance, time.monotonic() - started)
+    for task in (watcher, beater):
+        if task is not None:
+            task.cancel()
+    took = time.monotonic() - started
+    if sink.busy_since:
+        log.error(
+            "worker %s stopped after %.2f s; its disk thread hung in a flush, left unanswered", deps.instance, took
+        )
+        return _STUCK
+    if not written:
+        log.error(
+            "worker %s stopped after %.2f s; %d request(s) could not be written while it stopped "
+            "(each was answered 503; nothing of them was kept)",
+            deps.instance,
+            took,
+            sink.failures - failures,
+        )
+        return 1
+    log.info("worker %s stopped after %.2f s of draining", deps.instance, took)
+    return 0
+
+
+async def _beat(heartbeats: Heartbeats, index: int, sink: DailyFileSink) -> None:
+    while True:
+        heartbeats.beat(index, sink.busy_since)
+        await asyncio.sleep(BEAT_SECONDS)
 
 
 async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:

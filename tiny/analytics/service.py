@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import concurrent.futures
+import gc
 import importlib.util
 import logging
 import multiprocessing
@@ -301,6 +302,10 @@ class Analytics:
         for process in processes:
             process.join(_STOP_SECONDS)
         pool.shutdown(wait=True)
+        # The queues' semaphores are released when the queues are collected: now, since a
+        # forked worker leaves by os._exit, which runs no finalizer.
+        del pool, processes
+        gc.collect()
 
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         """The pool, created on first use (in the worker process that uses it)."""

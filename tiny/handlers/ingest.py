@@ -11,14 +11,19 @@ from tornado import web
 
 from tiny import codec, layout, rejects
 from tiny.handlers.base import APIError, Deps, JSONHandler
+from tiny.journal import Claim
 from tiny.profiling import profile
 from tiny.sink import BacklogFull, SinkError
 
 MAX_ERRORS = 10  # per-line errors listed in a 200 answer; all of them go to rejects/
 INLINE_DECODE_BYTES = 1024 * 1024  # bodies up to this are decoded on the event loop itself
 MAX_GZIP_MEMBERS = 250_000  # about 0.5 s of zlib set-up; real bodies have one member, or a few
-_MIN_FEED, _MAX_FEED = 64, 64 * 1024
-MAX_KEY = 255  # characters of an Idempotency-Key  # bytes given to zlib at once (see gunzip)
+_MIN_FEED, _MAX_FEED = 64, 64 * 1024  # bytes given to zlib at once (see gunzip)
+MAX_KEY = 255  # characters of an Idempotency-Key
+# The key a proxy gives a request that has none of its own (nginx/proxy.conf: $request_id, the
+# same for every upstream it tries): a client's own Idempotency-Key headers pass through
+# untouched, so that a doubled or empty one is refused the same way directly and via nginx.
+PROXY_KEY_HEADER = "Proxy-Idempotency-Key"
 NDJSON_TYPES = frozenset(
     {
         "application/x-ndjson",
@@ -71,16 +76,19 @@ def gunzip(body: bytes, limit: int) -> bytes:
     return b"".join(out)
 
 
-def idempotency_key(value: str | None) -> str | None:
-    """The key an ``Idempotency-Key`` header gives (None without one): 1 to 255 visible ASCII
-    characters, in double quotes or not (the IETF draft's structured-field string); 400 else."""
-    if value is None:
+def idempotency_key(values: list[str], header: str = "Idempotency-Key") -> str | None:
+    """The key the ``header`` lines of a request give (None without one): 1 to 255 visible
+    ASCII characters, in double quotes or not (the IETF draft's structured-field string); 400
+    for anything else, a header sent twice included."""
+    if not values:
         return None
-    key = value.strip()
+    if len(values) > 1:
+        raise APIError(400, f"{header} was sent {len(values)} times; send one key")
+    key = values[0].strip()
     if len(key) >= 2 and key[0] == key[-1] == '"':
         key = key[1:-1]
     if not 1 <= len(key) <= MAX_KEY or not all("!" <= char <= "~" for char in key):
-        raise APIError(400, f"Idempotency-Key must be 1 to {MAX_KEY} visible ASCII characters")
+        raise APIError(400, f"{header} must be 1 to {MAX_KEY} visible ASCII characters")
     return key
 
 
@@ -124,7 +132,10 @@ class IngestHandler(JSONHandler):
         if self.request.method != "POST":
             raise APIError(405, "use POST to send records")
         self.check_token()
-        self._key = idempotency_key(self.request.headers.get("Idempotency-Key"))
+        headers = self.request.headers
+        self._key = idempotency_key(headers.get_list("Idempotency-Key")) or idempotency_key(
+            headers.get_list(PROXY_KEY_HEADER), PROXY_KEY_HEADER
+        )
         encoding = self.request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("identity", "gzip", "x-gzip", ""):
             raise APIError(415, f"Content-Encoding {encoding!r} is not supported; use identity or gzip")
@@ -164,6 +175,12 @@ class IngestHandler(JSONHandler):
         self._body_read = True  # Tornado calls post() once the whole body is in
         if self._finished:  # answered already (413 while streaming)
             return
+        sink = self.deps.sink
+        if not sink.journal.is_open:  # it failed to open (or was refused since): try again, or say why
+            try:
+                await sink.ready()
+            except SinkError as exc:
+                raise APIError(503, f"{exc}; nothing of this request was kept", {"Retry-After": "5"}) from None
         body = b"".join(self._chunks)
         self._chunks = []
         received = len(body)
@@ -194,9 +211,9 @@ class IngestHandler(JSONHandler):
         metrics = self.deps.metrics
         metrics.bytes_in.inc(received)
         if chunks or self._key is not None:
-            key = (self._key, digest, answer) if self._key is not None else None
+            claim = Claim(self._key, digest, answer) if self._key is not None else None
             try:
-                stored = await self.deps.sink.append(chunks, key)
+                stored = await sink.append(chunks, claim)
             except BacklogFull:
                 raise APIError(
                     503, "too many writes are waiting for the disk; retry later", {"Retry-After": "1"}
@@ -220,7 +237,7 @@ class IngestHandler(JSONHandler):
         decompressed body's digest when the request has an Idempotency-Key."""
         if self._gzip:
             body = gunzip(body, self.config.max_body)
-        digest = codec.digest(body) if self._key is not None else b""
+        digest = self.deps.sink.digest(body) if self._key is not None else b""
         batch = codec.encode(body, self.config.max_days, self.config.max_rejects)
         chunks = {layout.day_file(day): rows for day, rows in batch.days.items()}
         if batch.invalid:

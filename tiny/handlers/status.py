@@ -12,18 +12,25 @@ from tiny.handlers.base import APIError, JSONHandler
 
 
 class HealthHandler(JSONHandler):
-    """``GET /healthz``: 200 ``{"status": "ok", "instance": ...}``; 503 while shutting down."""
+    """``GET /healthz``: 200 ``{"status": "ok", "instance": ...}``; 503 with ``"status":
+    "draining"`` while shutting down, or ``"failing"`` and the ``reason`` while writes fail or
+    wait (the journal refused, the flush lock held by another process for over a second, the
+    last flush failed): whatever would make a POST answer 503 now."""
 
     name = "healthz"
 
     def get(self) -> None:
         draining = self.deps.drain.draining
-        if draining:
+        self.deps.sink.probe()  # a fault that went away clears without a request (tried once a second)
+        trouble = self.deps.sink.trouble()
+        status = "draining" if draining else "failing" if trouble else "ok"
+        if status != "ok":
             self.set_status(503)
         self.finish(
             orjson.dumps(
                 {
-                    "status": "draining" if draining else "ok",
+                    "status": status,
+                    **({"reason": trouble} if trouble else {}),
                     "instance": self.deps.instance,
                     "pid": os.getpid(),
                     "codec": codec.CODEC,

@@ -4,9 +4,7 @@
 //! `tiny._codec.encode(body, max_days=16, max_rejects=1000) -> (days, rejects, valid, invalid,
 //! omitted)` returns exactly what `tiny.codec.encode_reference(body, max_days, max_rejects)`
 //! returns (as a plain tuple; tiny/codec.py wraps it in `Batch`), for any input bytes, and
-//! never raises for bytes input. `tiny._codec.digest(body) -> bytes` is
-//! `tiny.codec.digest_reference(body)`: the body's length and CRC-32 (crc32fast, the same value
-//! as zlib's), the fingerprint an Idempotency-Key is stored with.
+//! never raises for bytes input.
 //!
 //! - [`json`]: a strict JSON scanner, accepting what orjson accepts, specialised for one
 //!   flat record object per line with ten known keys;
@@ -52,26 +50,12 @@ mod python {
         (days, rejects, encoded.valid, encoded.invalid, encoded.omitted).into_pyobject(py)
     }
 
-    /// digest(body: bytes) -> bytes
-    ///
-    /// 12 bytes: the body's length (8, big-endian) and its CRC-32 (4, big-endian), the same
-    /// as tiny.codec.digest_reference, computed with the GIL released.
-    #[pyfunction]
-    fn digest<'py>(py: Python<'py>, body: &[u8]) -> Bound<'py, PyBytes> {
-        let crc = py.detach(|| crc32fast::hash(body));
-        let mut out = [0u8; 12];
-        out[..8].copy_from_slice(&(body.len() as u64).to_be_bytes());
-        out[8..].copy_from_slice(&crc.to_be_bytes());
-        PyBytes::new(py, &out)
-    }
-
     /// `tiny._codec`: maturin names the shared library after the last part of the
     /// module-name in pyproject.toml, and Python looks for `PyInit__codec` in it.
     #[pymodule]
     #[pyo3(name = "_codec")]
     fn codec_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(encode, m)?)?;
-        m.add_function(wrap_pyfunction!(digest, m)?)?;
         Ok(())
     }
 }
