@@ -82,9 +82,11 @@ class Load:
         max_seconds: float = 60.0,
         headers: dict[str, str] | None = None,
         retries: int = 0,
+        timeout: float = REQUEST_TIMEOUT,
     ) -> None:
         self.port = port
         self.retries = retries
+        self.timeout = timeout
         self.run = uuid.uuid4().hex[:8]  # keys unique to this load
         self.headers = {"Content-Type": "application/x-ndjson", **(headers or {})}
         self.day = day
@@ -112,7 +114,7 @@ class Load:
             started = time.monotonic()
             for attempt in range(self.retries + 1):
                 try:
-                    conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT)
+                    conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
                     conn.request("POST", "/ingest", b"\n".join(lines), headers if self.retries else self.headers)
                     response = conn.getresponse()
                     body = response.read()
@@ -152,11 +154,16 @@ class Load:
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(REQUEST_TIMEOUT + 5)
+            thread.join(self.timeout + 5)
 
     def acked(self) -> list[list[bytes]]:
         with self._lock:
             return [lines for _, _, status, lines in self.requests if status == "200"]
+
+    def slowest(self) -> float:
+        """The longest any one batch took, its retries included (seconds)."""
+        with self._lock:
+            return max((seconds for _, seconds, _, _ in self.requests), default=0.0)
 
     def statuses(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -175,6 +175,19 @@ def test_health_checks_through_nginx_reach_all_four_instances(cluster: Cluster) 
     assert all(ports.count(port) >= 4 for port in cluster.instance_ports), sorted(ports)  # round robin
 
 
+@pytest.mark.hardening("exactly once 12: a doubled or empty key was 400 directly but written through nginx")
+@pytest.mark.parametrize("values", [["a", "b"], [""]])
+def test_a_doubled_or_empty_key_is_refused_through_nginx_as_it_is_directly(cluster: Cluster, values: list[str]) -> None:
+    lines = [f"Idempotency-Key: {value}".rstrip() + "\r\n" for value in values]
+    request = (
+        "POST /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n" + "".join(lines) + "\r\n"
+    ).encode()
+    for port in (cluster.port, cluster.instance_ports[0]):
+        answer = raw_exchange(port, request)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer
+        assert b"Idempotency-Key" in answer
+
+
 def test_any_number_of_instances_gets_a_port_of_its_own(tmp_path: Path) -> None:
     """TINY_CLUSTER_SIZE=12: twelve instances on twelve consecutive ports, every one reached
     through nginx (the former pattern 800%(process_num)d gave the tenth port 80010)."""
@@ -394,3 +407,35 @@ def test_a_wrong_token_client_hammering_costs_honest_clients_nothing(tmp_path: P
     assert set(load.statuses()) == {"200"}, load.statuses()
     assert len(load.acked()) > 20 and set(wrong) == {401} and len(wrong) > 100
     load.check_day_file(running.data)
+
+
+@pytest.mark.hardening("exactly once 3: nginx never passed a timed-out POST on from a hung instance")
+def test_a_hung_instance_costs_a_request_at_most_the_read_timeout_and_writes_nothing_twice(
+    tmp_path: Path, figures: dict[str, Any]
+) -> None:
+    """One instance SIGSTOPped (its parent and worker: nothing can replace it) behind nginx,
+    under 4 clients: a request sent to it waits nginx's read timeout (15 s) and goes on to
+    another instance with its key; the instance is then skipped. The old config answered about
+    1 request in 4 with a 504 after 60 s, never passed on."""
+    running = Cluster(tmp_path).start()
+    victim = os.getpgid(running.pid("tiny:tiny-2"))
+    try:
+        os.killpg(victim, signal.SIGSTOP)
+        load = Load(running.port, "2014-05-08", clients=4, size=20, max_seconds=22, timeout=60).start()
+        time.sleep(22)
+        load.stop()
+    finally:
+        os.killpg(victim, signal.SIGCONT)
+    try:
+        slowest = load.slowest()
+        figures.update(
+            case="one of 4 instances SIGSTOPped behind nginx for 22 s (4 clients, nginx's keys only)",
+            requests=len(load.requests),
+            statuses=load.statuses(),
+            slowest_seconds=round(slowest, 1),
+        )
+        assert load.statuses() == {"200": len(load.requests)}, load.statuses()
+        assert 14 < slowest < 15 + 3  # the read timeout, then the next instance
+        figures.update(load.check_day_file(running.data))  # every acked row once, no row twice
+    finally:
+        running.stop()

@@ -117,3 +117,24 @@ def test_a_token_given_twice_stops_at_start_up(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("a")
     with pytest.raises(SystemExit):
         config.parse(["--token-file", str(tmp_path / "token")], {"TINY_TOKEN": "b"})
+
+
+@pytest.mark.hardening("exactly once 12: --idempotency-max-keys 1 was accepted")
+def test_max_keys_below_the_keys_of_one_flush_stop_at_start_up(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        config.parse(["--idempotency-max-keys", "1"], {})
+    assert "--idempotency-max-keys: must be at least 256" in capsys.readouterr().err
+    assert config.parse(["--idempotency-max-keys", "256"], {}).idempotency_max_keys == 256
+
+
+def test_boolean_flags_take_a_bare_flag_or_a_value() -> None:
+    assert config.parse(["--new-journal"], {}).new_journal is True
+    assert config.parse([], {"TINY_NEW_JOURNAL": "1"}).new_journal is True
+    assert config.parse(["--new-journal", "no"], {"TINY_NEW_JOURNAL": "1"}).new_journal is False
+    assert config.parse([], {}).new_journal is False
+
+
+def test_no_fork_needs_one_process(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        config.parse(["--no-fork", "--processes", "2"], {})
+    assert config.parse(["--no-fork", "--processes", "1"], {}).no_fork is True

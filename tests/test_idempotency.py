@@ -12,6 +12,7 @@ import random
 import signal
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import orjson
@@ -38,7 +39,11 @@ def key(batch: int) -> dict[str, str]:
 
 
 def assert_exactly_once(data: Path, bodies: dict[int, bytes]) -> None:
-    """Every batch's rows on disk once, contiguous and in order, per day; nothing else."""
+    """Every batch's rows on disk once, contiguous and in order, per day; nothing else.
+
+    Linear in the rows: each row is unique (its ip_id names its batch), so a batch is on disk
+    once and whole when its first row is there and the rows after it are the batch's own, and
+    the day holds no more rows than the batches."""
     expected: dict[str, list[bytes]] = {}
     for body in bodies.values():
         for day, rows in encode_reference(body).days.items():
@@ -46,9 +51,12 @@ def assert_exactly_once(data: Path, bodies: dict[int, bytes]) -> None:
     for day, batches in expected.items():
         on_disk = rows_of(data / f"{day}.csv")[1:]
         assert len(on_disk) == sum(rows.count(b"\n") for rows in batches), f"{day}: rows missing or twice"
-        text = b"".join(on_disk)
+        where = {row: number for number, row in enumerate(on_disk)}
+        assert len(where) == len(on_disk), f"{day}: a row is on disk twice"
         for rows in batches:
-            assert text.count(rows) == 1, f"{day}: a batch is not on disk exactly once, whole"
+            lines = rows.splitlines(keepends=True)
+            start = where.get(lines[0])
+            assert start is not None and on_disk[start : start + len(lines)] == lines, f"{day}: a batch is not whole"
 
 
 def test_the_same_key_and_body_again_replays_the_answer_and_writes_nothing(tmp_path: Path) -> None:
@@ -310,3 +318,105 @@ def test_the_rollback_journal_mode_keeps_the_contract(tmp_path: Path) -> None:
         replayed = again.ingest(body_of(1), key(1))
     assert replayed.headers["idempotent-replayed"] == "true" and replayed.body == first.body
     assert_exactly_once(tmp_path / "data", {1: body_of(1)})
+
+
+@pytest.mark.hardening("exactly once 1: one key with two bodies in one flush wrote one and claimed the other")
+def test_one_key_sent_with_two_bodies_at_once_keeps_the_written_body_and_refuses_the_other(
+    tmp_path: Path, figures: dict[str, object]
+) -> None:
+    """Pairs of requests, the same key and two bodies, sent at the same moment (often into one
+    group commit): one body is written, and from then on that body is answered 200 (replayed)
+    and the other 422. The old tree got 105 of 300 pairs wrong: the written body's retry was
+    refused with 422 and the unwritten one's answered 200."""
+    pairs = 150
+    with Server(tmp_path / "data") as server:
+        for pair in range(pairs):
+            bodies = [body_of(2 * pair, size=3), body_of(2 * pair + 1, size=3)]
+            headers = {"Idempotency-Key": f"pair-{pair}"}
+            barrier = threading.Barrier(2)
+            first: dict[int, int] = {}
+
+            def send(
+                which: int,
+                bodies: list[bytes] = bodies,
+                headers: dict[str, str] = headers,
+                barrier: threading.Barrier = barrier,
+                first: dict[int, int] = first,
+            ) -> None:
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+                barrier.wait()
+                conn.request("POST", "/ingest", bodies[which], headers)
+                response = conn.getresponse()
+                response.read()
+                first[which] = response.status
+                conn.close()
+
+            threads = [threading.Thread(target=send, args=(which,)) for which in (0, 1)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            assert sorted(first.values()) == [200, 422], first
+            written = 0 if first[0] == 200 else 1
+            retried = [server.ingest(bodies[which], headers) for which in (0, 1)]
+            assert retried[written].status == 200 and retried[written].headers["idempotent-replayed"] == "true"
+            assert retried[1 - written].status == 422
+    on_disk = (tmp_path / "data" / "2014-05-04.csv").read_bytes()
+    assert on_disk.count(b"\n") == 1 + 3 * pairs  # one body of each pair
+    figures.update(case="one key, two bodies sent at once", pairs=pairs)
+
+
+def test_a_key_header_sent_twice_is_refused(tmp_path: Path) -> None:
+    """Tornado joins the two into "a,b"; nginx 1.22 passed the first only: 400 on both routes now."""
+    with Server(tmp_path / "data") as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.putrequest("POST", "/ingest")
+        conn.putheader("Idempotency-Key", "a")
+        conn.putheader("Idempotency-Key", "b")
+        conn.putheader("Content-Length", "0")
+        conn.endheaders()
+        response = conn.getresponse()
+        body = response.read()
+        conn.close()
+    assert response.status == 400 and b"sent 2 times" in body
+
+
+def _forge_crc32(body: bytes, at: int, target: int) -> bytes:
+    """``body`` with its 4 bytes at ``at`` replaced so that its CRC-32 is ``target`` (CRC-32 is
+    affine over GF(2): solve for the 32 bits)."""
+    base = bytearray(body)
+    base[at : at + 4] = b"\0\0\0\0"
+    zero = zlib.crc32(base)
+    columns = []
+    for bit in range(32):
+        probe = bytearray(base)
+        probe[at + bit // 8] ^= 1 << (bit % 8)
+        columns.append(zlib.crc32(probe) ^ zero)
+    # Gaussian elimination: find x with XOR of columns[bit] for the set bits of x == target ^ zero
+    rows = [(columns[bit], 1 << bit) for bit in range(32)]
+    want, solution = target ^ zero, 0
+    for pivot in range(32):
+        index = next(i for i in range(pivot, 32) if rows[i][0] >> pivot & 1)
+        rows[pivot], rows[index] = rows[index], rows[pivot]
+        for i in range(32):
+            if i != pivot and rows[i][0] >> pivot & 1:
+                rows[i] = (rows[i][0] ^ rows[pivot][0], rows[i][1] ^ rows[pivot][1])
+    for pivot in range(32):
+        if want >> pivot & 1:
+            solution ^= rows[pivot][1]
+    base[at : at + 4] = solution.to_bytes(4, "little")
+    assert zlib.crc32(base) == target
+    return bytes(base)
+
+
+@pytest.mark.hardening("exactly once 12: a second body with the same length and CRC-32 passed for the first")
+def test_a_second_body_with_the_first_ones_length_and_crc32_is_not_taken_for_it(tmp_path: Path) -> None:
+    """The old digest was the length and the CRC-32: trivial to forge, and the forged body got
+    200 (replayed) and was never written. A keyed 128-bit BLAKE3 tells them apart."""
+    first = body_of(1) + b"junk\n"
+    second = _forge_crc32(body_of(2) + b"junk\n", len(body_of(2)), zlib.crc32(first))
+    assert len(second) == len(first) and zlib.crc32(second) == zlib.crc32(first) and second != first
+    with Server(tmp_path / "data") as server:
+        assert server.ingest(first, key(1)).status == 200
+        forged = server.ingest(second, key(1))
+    assert forged.status == 422

@@ -127,13 +127,22 @@ def test_batches_and_retry_after() -> None:
         next(numbered_batches([], 0))
 
 
-def test_gzip_file_and_plain_file_give_the_same_batches(tmp_path: Path) -> None:
-    plain = _small_day(tmp_path / "day.csv", 50)
-    packed = tmp_path / "day.csv.gz"
+@pytest.mark.hardening("exactly once 8: the same day replayed from .csv.gz and from .csv was written twice")
+def test_the_same_rows_replayed_from_any_encoding_of_the_file_are_written_once(tmp_path: Path) -> None:
+    """The keys come from the records, not from the file's bytes: the gunzipped file and a copy
+    with CRLF line ends replay as the .csv.gz did (the old tree wrote 35,200 rows twice)."""
+    plain = _small_day(tmp_path / "2014-05-04.csv", 3000)
+    packed = tmp_path / "packed" / "2014-05-04.csv.gz"
+    packed.parent.mkdir()
     packed.write_bytes(gzip.compress(plain.read_bytes()))
-    from tiny.cranlog import ndjson_lines
-
-    assert list(ndjson_lines(plain)) == list(ndjson_lines(packed))
+    crlf = tmp_path / "crlf" / "2014-05-04.csv"
+    crlf.parent.mkdir()
+    crlf.write_bytes(plain.read_bytes().replace(b"\n", b"\r\n"))
+    with Server(tmp_path / "data") as server:
+        runs = [replay(Options(path, _url(server), batch=400, concurrency=2)) for path in (packed, plain, crlf)]
+    assert [run.failures for run in runs] == [0, 0, 0]
+    assert runs[0].replayed == 0 and runs[1].replayed == runs[2].replayed == runs[0].batches == 8
+    assert sorted(rows_of(tmp_path / "data" / "2014-05-04.csv")) == sorted(plain.read_bytes().splitlines(keepends=True))
 
 
 class _Hostile:

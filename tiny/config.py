@@ -129,7 +129,7 @@ def _journal_mode(text: str) -> str:
 
 
 def _crash_point(text: str) -> str:
-    """``point[:probability[:stop]]`` (tiny.sink.CRASH_POINTS), or empty."""
+    """``point[:probability[:kill|stop|stop-once]]`` (tiny.sink.CRASH_POINTS), or empty."""
     from tiny.sink import CRASH_POINTS
 
     point, _, rest = text.partition(":")
@@ -138,8 +138,8 @@ def _crash_point(text: str) -> str:
         raise argparse.ArgumentTypeError("not a crash point")
     if chance and not 0 <= float(chance) <= 1:
         raise argparse.ArgumentTypeError("the probability must be 0-1")
-    if how not in ("", "stop", "kill"):
-        raise argparse.ArgumentTypeError("the action must be 'kill' or 'stop'")
+    if how not in ("", "kill", "stop", "stop-once"):
+        raise argparse.ArgumentTypeError("the action must be 'kill', 'stop' or 'stop-once'")
     return text
 
 

@@ -732,6 +732,22 @@ class Journal:
         self.db.execute("COMMIT")
 
 
+def stored_mode(data_dir: Path) -> str | None:
+    """The journal mode recorded in ``data_dir``'s journal, or None (no journal of this version)."""
+    path = layout.journal_path(data_dir)
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+        try:
+            row = db.execute("SELECT value FROM meta WHERE name = 'journal_mode'").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+    return bytes(row[0]).decode() if row else None
+
+
 def _parse_intent(record: bytes) -> tuple[str | None, list[Intent], tuple[str, int, float] | None] | None:
     """(first key, intents, last committed key) of an intent record (``b"I"`` or a mark,
     length, CRC-32, payload; the bytes after it are an older, longer record's); None when it

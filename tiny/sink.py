@@ -64,7 +64,8 @@ from tiny.profiling import profile
 
 log = logging.getLogger("tiny.sink")
 
-CRASH_POINTS = ("before-writes", "between-writes", "after-writes", "after-commit", "after-finish")
+# Where the crash tests make a flush kill (or stop) its process; "worker-start": a worker, as it starts (tiny.worker).
+CRASH_POINTS = ("before-writes", "between-writes", "after-writes", "after-commit", "after-finish", "worker-start")
 MAX_FLUSH_APPENDS = 256  # appends (so keys) in one flush: bounds its transaction and its expiry
 _REOPEN_SECONDS = 1.0  # a journal that failed to open is tried again at most this often
 _WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for the lock before /healthz reports it
@@ -122,9 +123,10 @@ class DailyFileSink:
     ``headers`` maps a file suffix to the bytes that open every new file with that suffix.
     ``journal`` is the data dir's journal (default: one with ``fsync``); :meth:`open` opens
     it, or the first flush does. ``on_flush(seconds, nbytes, ok)`` is called on the event
-    loop after each flush. ``crash_at`` (``"point:probability[:stop]"``, a point of
-    CRASH_POINTS) makes a flush kill its own process there with SIGKILL (or stop it with
-    SIGSTOP, the lock held), for the crash tests.
+    loop after each flush. ``crash_at`` (``"point:probability[:stop|:stop-once]"``, a point
+    of CRASH_POINTS) makes a flush kill its own process there with SIGKILL (or stop it with
+    SIGSTOP, the lock held; ``stop-once``: only the first process of the data dir to get
+    there), for the crash tests.
     """
 
     def __init__(
@@ -150,7 +152,8 @@ class DailyFileSink:
         chance, _, how = rest.partition(":")
         self._crash_point = point
         self._crash_chance = float(chance or 1) if point else 0.0
-        self._crash_signal = signal.SIGSTOP if how == "stop" else signal.SIGKILL
+        self._crash_signal = signal.SIGSTOP if how.startswith("stop") else signal.SIGKILL
+        self._crash_once = how == "stop-once"  # only the first process of the data dir to get there
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiny-sink")
         self._pending: list[_Append] = []
         self._backlog = 0  # pending + in flight
@@ -450,6 +453,11 @@ class DailyFileSink:
     def _crash(self, point: str) -> None:
         """Fault injection for the crash tests: SIGKILL (or SIGSTOP) this process at ``point``."""
         if point == self._crash_point and random.random() < self._crash_chance:
+            if self._crash_once:
+                try:
+                    os.close(os.open(self.data_dir / ".tiny" / "crash-test-once", os.O_CREAT | os.O_EXCL))
+                except FileExistsError:
+                    return
             log.warning(
                 "crash test: %s this process %s",
                 "stopping" if self._crash_signal == signal.SIGSTOP else "killing",

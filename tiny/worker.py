@@ -94,6 +94,8 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
 async def _serve(
     config: Config, sock: socket.socket, parent_pid: int | None, beat: tuple[Heartbeats, int] | None
 ) -> int:
+    if config.crash_at.startswith("worker-start"):  # the crash tests' worker that dies as it starts
+        os.kill(os.getpid(), signal.SIGKILL)
     loop = asyncio.get_running_loop()
     metrics = Metrics()
     drain = Drain()

@@ -1,0 +1,189 @@
+"""The data dir's journal and lock against operators' mistakes, with real servers: refused starts,
+``--new-journal``, writes stopped and resumed, and `tiny-admin backup` of a live data dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT, Server
+from tests.test_idempotency import assert_exactly_once, body_of, key
+from tests.test_workers import wait_for
+from tiny import layout
+from tiny.testing import server_env
+
+DAYS = ("2014-05-04", "2014-05-05")
+
+
+def start_fails(data: Path, *args: str) -> str:
+    """Start a server on ``data`` that must refuse to start: its log."""
+    server = Server(data, *args)
+    try:
+        with pytest.raises(RuntimeError):
+            server.start(timeout=10)
+        assert wait_for(server.exited, 5)
+        assert server.proc is not None and server.proc.returncode == 1
+        return server.log()
+    finally:
+        server.kill()
+
+
+def post_all(server: Server, batches: range) -> None:
+    for batch in batches:
+        assert server.ingest(body_of(batch, days=DAYS), key(batch)).status == 200
+
+
+@pytest.mark.hardening("exactly once 10: a deleted journal was silently replaced by an empty one")
+def test_a_deleted_journal_stops_the_start_and_new_journal_replaces_it_knowingly(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with Server(data) as server:
+        post_all(server, range(3))
+    layout.journal_path(data).unlink()
+    log = start_fails(data)
+    assert f"the journal {layout.journal_path(data)} of data dir" in log and "is missing" in log
+    assert "--new-journal" in log
+    with Server(data, "--new-journal") as server:
+        again = server.ingest(body_of(0, days=DAYS), key(0))
+    assert again.status == 200 and "idempotent-replayed" not in again.headers  # written again: knowingly
+    assert list(data.glob(".tiny.replaced-*/journal.sqlite3-wal")) or list(data.glob(".tiny.replaced-*/intent"))
+
+
+@pytest.mark.hardening("exactly once 5: a lock file deleted under a running server split the lock in two")
+def test_a_deleted_lock_file_stops_every_writer_instead_of_splitting_the_lock(tmp_path: Path) -> None:
+    """The old tree: a restarted worker locked a new inode while the other locked the old one,
+    and 50 of 14,653 acknowledged batches ended with 0 rows."""
+    data = tmp_path / "data"
+    with Server(data, processes=2) as server:
+        post_all(server, range(10))
+        layout.lock_path(data).unlink()
+        victim = min(server.worker_pids())
+        os.kill(victim, signal.SIGKILL)  # its replacement opens the journal afresh
+        assert wait_for(lambda: len(server.worker_pids() - {victim}) == 2, 5)
+        time.sleep(0.3)
+        answers = [server.ingest(body_of(batch, days=DAYS), key(batch)) for batch in range(10, 30)]
+    assert {answer.status for answer in answers} == {503}
+    messages = {answer.json()["error"]["message"].split(":")[0] for answer in answers}
+    assert any("lock" in message for message in messages), messages
+    assert_exactly_once(data, {batch: body_of(batch, days=DAYS) for batch in range(10)})
+
+
+@pytest.mark.hardening("exactly once 12: a journal mode other than the one in use was refused only at request time")
+def test_a_journal_mode_other_than_the_one_in_use_is_refused_at_start(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with Server(data) as server:
+        post_all(server, range(1))
+    log = start_fails(data, "--journal-mode", "delete")
+    assert "is in 'wal' mode" in log and "tiny-admin set-journal-mode" in log
+    done = subprocess.run(
+        [sys.executable, "-m", "tiny.admin", "set-journal-mode", str(data), "delete"], cwd=ROOT, env=server_env()
+    )
+    assert done.returncode == 0
+    with Server(data, "--journal-mode", "delete") as server:
+        assert server.ingest(body_of(0, days=DAYS), key(0)).headers["idempotent-replayed"] == "true"
+
+
+@pytest.mark.hardening("exactly once 4: a journal that failed to open leaked descriptors and said 200 on /healthz")
+def test_a_journal_broken_under_a_running_server_gets_503_and_heals_without_a_restart(tmp_path: Path) -> None:
+    """The old tree leaked 2 descriptors per request until the worker died at 20,000, and
+    stayed dead after the cause was fixed; /healthz said 200 all along."""
+    data = tmp_path / "data"
+    with Server(data) as server:
+        post_all(server, range(1))
+        worker = server.worker_pid()
+        journal = layout.journal_path(data)
+        journal.rename(journal.with_name("elsewhere"))
+        fds = len(os.listdir(f"/proc/{worker}/fd"))
+        answers = [server.ingest(body_of(batch, days=DAYS), key(batch)) for batch in range(1, 201)]
+        grown = len(os.listdir(f"/proc/{worker}/fd")) - fds
+        health = server.request("GET", "/healthz")
+        journal.with_name("elsewhere").rename(journal)
+        time.sleep(1.2)  # a refused journal is tried again at most once a second
+        healed = server.ingest(body_of(1, days=DAYS), key(1))
+        healthy = server.request("GET", "/healthz")
+        assert server.worker_pid() == worker  # no restart
+    assert {answer.status for answer in answers} == {503}
+    assert str(journal) in answers[0].json()["error"]["message"]
+    assert grown <= 2, f"{grown} more descriptors after 200 refused requests"
+    assert health.status == 503 and str(journal) in health.json()["reason"]
+    assert healed.status == 200 and healthy.status == 200
+    assert_exactly_once(data, {batch: body_of(batch, days=DAYS) for batch in range(2)})
+
+
+@pytest.mark.hardening("exactly once 6: a data dir copied while live lost 24,900 acknowledged rows at its first flush")
+def test_a_data_dir_copied_in_the_middle_of_a_flush_is_refused_not_cut(tmp_path: Path) -> None:
+    """`cp -r` takes .tiny/ while a flush is under way, and the day files after more flushes."""
+    data, copy = tmp_path / "data", tmp_path / "copy"
+    with Server(data, env={"TINY_CRASH_AT": "after-writes:1:stop-once"}) as server:
+        posting = threading.Thread(target=post_all, args=(server, range(3)))
+        posting.start()  # the first batch's flush stops its worker, the lock held
+        worker = server.worker_pid()
+        assert wait_for(lambda: Path(f"/proc/{worker}/stat").read_text().split(")")[1].split()[0] == "T", 5)
+        shutil.copytree(data, copy)  # the journal while the flush is under way
+        os.kill(worker, signal.SIGCONT)
+        posting.join(30)
+        post_all(server, range(3, 20))
+    for day in DAYS:
+        shutil.copy(data / f"{day}.csv", copy / f"{day}.csv")  # the day files, later
+    sizes = {day: (copy / f"{day}.csv").stat().st_size for day in DAYS}
+    log = start_fails(copy)
+    assert "copied while a server wrote to it" in log and "tiny-admin backup" in log
+    assert {day: (copy / f"{day}.csv").stat().st_size for day in DAYS} == sizes  # nothing cut
+
+
+@pytest.mark.hardening("exactly once 6: a data dir copied while live lost 24,900 acknowledged rows at its first flush")
+def test_a_backup_of_a_live_data_dir_takes_every_retry_exactly_once(tmp_path: Path, figures: dict[str, object]) -> None:
+    """`tiny-admin backup` while clients post: a server starts on the copy, and every batch,
+    retried against it, is there exactly once (replayed if the copy has it, written if not)."""
+    data, copy = tmp_path / "data", tmp_path / "copy"
+    acked: list[int] = []
+    stop = threading.Event()
+    with Server(data, processes=2) as server:
+
+        def client(first: int) -> None:
+            batch = first
+            while not stop.is_set():
+                if server.ingest(body_of(batch, days=DAYS), key(batch)).status == 200:
+                    acked.append(batch)
+                batch += 4
+
+        clients = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+        for thread in clients:
+            thread.start()
+        time.sleep(1.0)
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "tiny.admin", "backup", str(data), str(copy)],
+            cwd=ROOT,
+            env=server_env(),
+            capture_output=True,
+            text=True,
+        )
+        took = time.monotonic() - started
+        time.sleep(0.5)
+        stop.set()
+        for thread in clients:
+            thread.join(30)
+    assert done.returncode == 0, done.stderr
+    with Server(copy) as restored:
+        replayed = 0
+        for batch in sorted(acked):
+            answer = restored.ingest(body_of(batch, days=DAYS), key(batch))
+            assert answer.status == 200
+            replayed += answer.headers.get("idempotent-replayed") == "true"
+    assert_exactly_once(copy, {batch: body_of(batch, days=DAYS) for batch in acked})
+    figures.update(
+        case="tiny-admin backup under 4 keyed clients, then every batch retried against the copy",
+        batches=len(acked),
+        in_the_copy=replayed,
+        written_again=len(acked) - replayed,
+        backup_seconds=round(took, 2),
+    )
+    assert 0 < replayed < len(acked)
