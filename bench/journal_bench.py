@@ -2,8 +2,9 @@
 
 Each round runs ``--flushes`` flushes of one small append to one day file, without a key and
 then with a fresh key each, on a journal that holds ``--keys`` random keys first, and prints
-the process CPU per flush of each step (the lock, recovery's check, the claim, the intent,
-the commit, marking the intent finished) in microseconds. The data dir is a temp dir under
+the process CPU per flush of each step (taking the lock with its checks of the files'
+identity and its holder record, recovery's check, the claim, the intent, the commit, marking
+the intent committed) in microseconds. The data dir is a temp dir under
 ``--dir`` (default: the system's), removed afterwards.
 
 Usage:
@@ -13,7 +14,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import sys
 import tempfile
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tiny.journal import Intent, Journal
+from tiny.journal import Claim, Intent, Journal
 
 STEPS = ("lock", "recover", "claim", "intend", "commit", "finish")
 
@@ -33,19 +33,19 @@ def flushes(journal: Journal, day: Path, count: int, keyed: bool) -> dict[str, f
     spent = dict.fromkeys(STEPS, 0.0)
     clock = time.process_time
     fd = os.open(day, os.O_WRONLY | os.O_APPEND)
-    lock_fd = os.open(day.parent / ".tiny" / "lock", os.O_RDWR)
     try:
         for _ in range(count):
             key = f"bench-{uuid.uuid4().hex}-{uuid.uuid4().hex[:24]}"  # 60 characters, as bench/run.py's
-            keys = [(key, b"d" * 12, b"a" * 120)] if keyed else []
+            keys = [Claim(key, b"d" * 16, b"a" * 120)] if keyed else []
+            lock = journal.locked()
             steps = (
-                ("lock", lambda: fcntl.flock(lock_fd, fcntl.LOCK_EX)),  # what Journal.locked() takes
+                ("lock", lock.__enter__),  # the flock, the three inode checks, the holder record
                 ("recover", journal.recover),
                 ("claim", lambda keys=keys: journal.claim(keys)),
                 (
                     "intend",
-                    lambda first=keys[0][0] if keys else None: journal.intend(
-                        [Intent(day.name, os.fstat(fd).st_size, False)], first
+                    lambda first=keys[0].key if keys else None: journal.intend(
+                        [Intent(day.name, size := os.fstat(fd).st_size, size + 2, False)], first
                     ),
                 ),
                 ("write", lambda: os.write(fd, b"x\n")),  # the data: not the journal's
@@ -57,10 +57,9 @@ def flushes(journal: Journal, day: Path, count: int, keyed: bool) -> dict[str, f
                 run()
                 if step != "write":
                     spent[step] += clock() - started
-            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            lock.__exit__(None, None, None)
     finally:
         os.close(fd)
-        os.close(lock_fd)
     return {step: seconds / count * 1e6 for step, seconds in spent.items()}
 
 
@@ -76,7 +75,7 @@ def main() -> int:
         journal = Journal(data)
         journal.open()
         with journal.locked():
-            journal.claim([(f"warm-{uuid.uuid4().hex}", b"d" * 12, b"a" * 120) for _ in range(args.keys)])
+            journal.claim([Claim(f"warm-{uuid.uuid4().hex}", b"d" * 16, b"a" * 120) for _ in range(args.keys)])
             journal.commit()
         day = data / "2014-05-04.csv"
         day.write_bytes(b"h\n")

@@ -257,9 +257,9 @@ class Server:
             else:
                 time.sleep(0.02)
         if self.script == APP:  # every worker has its signal handlers and serves
-            while self.log().count(_READY) < self.processes and time.monotonic() < deadline:
+            while self.log().count(_READY) < self.processes and time.monotonic() < deadline and not self.exited():
                 time.sleep(0.02)
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.exited():
             with contextlib.suppress(OSError):
                 if self.request("GET", "/healthz").status == 200:
                     return
