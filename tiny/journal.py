@@ -42,8 +42,9 @@ most ``lock_timeout`` seconds for it (:class:`LockTimeout` names the holder then
   deleted, or restored from an older copy), and files shorter than the last committed flush
   left them: with a :class:`JournalError` that says what was found and that
   ``--new-journal`` (``accept_new``) starts a fresh journal knowingly. Every flush checks
-  that the three files are still the ones it opened (their inodes): one replaced or deleted
-  while the server runs stops its writes (JournalError) until it is put back.
+  that the lock and intent files are still linked (an fstat each), and every step that uses
+  the journal that its path still has the inode it opened: one replaced or deleted while the
+  server runs stops its writes (JournalError) until it is put back.
 
 With ``fsync``, the intent reaches the disk before the data is written, the data and new
 directory entries before the keys' commit (synchronous=FULL), and that before the intent's
@@ -146,6 +147,21 @@ class Intent:
     created: bool  # the flush created the file: a roll-back removes it
 
 
+class _Held:
+    """The flush lock, held: released on leaving the ``with`` block (see :meth:`Journal.locked`)."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+
 class _Found(JournalError):
     """Something found wrong that a fresh journal (``accept_new``) would replace; the message
     ends with how to accept that."""
@@ -187,7 +203,9 @@ class Journal:
         self._db: sqlite3.Connection | None = None
         self._lock_fd = -1
         self._intent_fd = -1
-        self._inodes: list[tuple[Path, int]] = []
+        self._journal_inode = 0
+        self._journal_file = str(layout.journal_path(self.data_dir))
+        self._holder = b""  # "<pid> <host> ", the start of this process's holder record
         self._host = socket.gethostname()
         self._inserted = 0  # keys claim() inserted in the open transaction
         self._claimed: tuple[str, int] | None = None  # the last of them: (key, seq)
@@ -219,7 +237,7 @@ class Journal:
             except OSError as exc:
                 raise JournalError(f"cannot create the journal's folder {state}: {exc.strerror or exc}") from None
             self._lock_fd = _open_fd(layout.lock_path(self.data_dir), os.O_RDWR | os.O_CREAT)
-            with self._locked(self.lock_timeout, check=False):
+            with self._locked_unchecked(self.lock_timeout):
                 try:
                     self._attach()
                     self.recover()
@@ -228,11 +246,8 @@ class Journal:
                     if not accept_new:
                         raise
                     self._start_fresh(found.what)
-                self._inodes = [
-                    (layout.lock_path(self.data_dir), os.fstat(self._lock_fd).st_ino),
-                    (layout.journal_path(self.data_dir), os.stat(layout.journal_path(self.data_dir)).st_ino),
-                    (layout.intent_path(self.data_dir), os.fstat(self._intent_fd).st_ino),
-                ]
+                self._journal_inode = os.stat(layout.journal_path(self.data_dir)).st_ino
+                self._holder = b"%d %s " % (os.getpid(), self._host.encode()[:100])
         except sqlite3.Error as exc:
             self.close()
             raise JournalError(f"the journal {layout.journal_path(self.data_dir)} cannot be used: {exc}") from None
@@ -246,7 +261,7 @@ class Journal:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
-        self._inodes = []
+        self._journal_inode = 0
 
     def _close_files(self) -> None:
         if self._db is not None:
@@ -448,28 +463,27 @@ class Journal:
 
     # -- the lock --------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def locked(self, timeout: float | None = None) -> Iterator[None]:
-        """Hold the data dir's flush lock (every writer of every process takes it).
+    def locked(self, timeout: float | None = None) -> _Held:
+        """Take the data dir's flush lock (every writer of every process takes it); use as
+        ``with journal.locked(): ...``, which releases it.
 
         Waits at most ``timeout`` (default ``lock_timeout``) seconds, then raises
-        :class:`LockTimeout` naming the holder; once held, checks that the lock, journal and
-        intent files are the ones this journal opened (JournalError otherwise) and records
-        this process as the holder."""
-        with self._locked(self.lock_timeout if timeout is None else timeout, check=True):
-            yield
-
-    @contextlib.contextmanager
-    def _locked(self, timeout: float, check: bool) -> Iterator[None]:
-        self._acquire(timeout)
+        :class:`LockTimeout` naming the holder; once held, checks that the lock and intent
+        files are the ones this journal opened (JournalError otherwise; the journal's own file
+        is checked by the steps that use it) and records this process as the holder."""
+        self._acquire(self.lock_timeout if timeout is None else timeout)
         try:
-            if check:
-                self._check_inodes()
-            record = f"{os.getpid()} {self._host} {time.time():.3f}".encode()[: 255 - _HOLDER_AT]
-            os.pwrite(self._lock_fd, record.ljust(255 - _HOLDER_AT) + b"\n", _HOLDER_AT)
-            yield
-        finally:
+            self._check_files()
+            os.pwrite(self._lock_fd, self._holder + b"%.3f\n" % time.time(), _HOLDER_AT)
+        except BaseException:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            raise
+        return _Held(self._lock_fd)
+
+    def _locked_unchecked(self, timeout: float) -> _Held:
+        """The lock, before the files it would check are known (opening)."""
+        self._acquire(timeout)
+        return _Held(self._lock_fd)
 
     def _acquire(self, timeout: float) -> None:
         # A blocking flock cannot be given a timeout (nor interrupted on a thread that is not
@@ -513,14 +527,22 @@ class Journal:
             return "its holder is unknown"
         return f"held by pid {pid} on {host} since {time.time() - since:.1f} s"
 
-    def _check_inodes(self) -> None:
-        for path, inode in self._inodes:
-            try:
-                found = os.stat(path).st_ino
-            except FileNotFoundError:
-                raise _Found(f"{path} was deleted while the server ran; its writes stop until it is back") from None
-            if found != inode:
-                raise _Found(f"{path} was replaced while the server ran; its writes stop until the original is back")
+    def _check_files(self) -> None:
+        """The lock and intent files are still linked where this journal opened them: one
+        deleted, or replaced by a rename, has no link left (one fstat each, no path lookup)."""
+        for fd, path in ((self._lock_fd, layout.lock_path), (self._intent_fd, layout.intent_path)):
+            if fd >= 0 and os.fstat(fd).st_nlink == 0:
+                raise _Found(f"{path(self.data_dir)} was deleted or replaced while the server ran; its writes stop")
+
+    def _check_journal(self) -> None:
+        """The journal's file is still the one this journal opened (by its path's inode)."""
+        path = self._journal_file  # a str: joining Paths here cost more than the stat
+        try:
+            found = os.stat(path).st_ino
+        except FileNotFoundError:
+            raise _Found(f"{path} was deleted while the server ran; its writes stop until it is back") from None
+        if found != self._journal_inode:
+            raise _Found(f"{path} was replaced while the server ran; its writes stop until the original is back")
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -540,6 +562,8 @@ class Journal:
         """
         if os.pread(self._intent_fd, 1, 0) != _LIVE:  # the usual case: finished, or never written
             return 0
+        if self._journal_inode:
+            self._check_journal()  # which says whether the flush committed
         parsed = _parse_intent(os.pread(self._intent_fd, 1 << 24, 0))
         if parsed is None:
             log.warning("dropped a torn intent (a flush stopped before writing any data)")
@@ -607,6 +631,7 @@ class Journal:
         committed. Lock held."""
         if not claims:
             return {}
+        self._check_journal()
         while True:
             self.db.execute("BEGIN IMMEDIATE")
             held: dict[str, Stored] = {}
