@@ -39,7 +39,7 @@ def flushes(journal: Journal, day: Path, count: int, keyed: bool) -> dict[str, f
             keys = [Claim(key, b"d" * 16, b"a" * 120)] if keyed else []
             held = []
             steps = (
-                ("lock", lambda: held.append(journal.locked())),  # the flock, the files' checks, the holder record
+                ("lock", lambda held=held: held.append(journal.locked())),  # the flock, the files' checks, the holder
                 ("recover", journal.recover),
                 ("claim", lambda keys=keys: journal.claim(keys)),
                 (

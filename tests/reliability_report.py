@@ -56,7 +56,8 @@ def _findings(entries: list[dict[str, Any]]) -> list[str]:
     lines = [
         "## Hardening: the findings of the adversarial reviews, and their regression tests",
         "",
-        'Each finding of the reviews (issues "Hardening the ingest path" and "Hardening around ingest") '
+        'Each finding of the reviews (issues "Hardening the ingest path", "Hardening around ingest" and '
+        '"Exactly-once under hangs, damage and operators\' mistakes", the last as "exactly once N") '
         "has regression tests that failed on the code before the fix (beside a few that guard what must keep "
         "holding); here is what they hold now, from the same run.",
         "",
@@ -78,9 +79,11 @@ def _findings(entries: list[dict[str, Any]]) -> list[str]:
 
 
 def _finding_order(finding: str) -> tuple[str, int]:
-    area, _, rest = finding.partition(" ")
-    number = rest.split(":", 1)[0]
-    return (area, int(number) if number.isdigit() else 0)
+    """("ingest", 4) for "ingest 4: ...", ("exactly once", 12) for "exactly once 12: ..."."""
+    prefix = finding.split(":", 1)[0]
+    area = prefix.rstrip("0123456789").strip()
+    number = prefix[len(prefix.rstrip("0123456789")) :]
+    return (area, int(number) if number else 0)
 
 
 def render(entries: list[dict[str, Any]], command: str) -> str:
@@ -92,7 +95,8 @@ def render(entries: list[dict[str, Any]], command: str) -> str:
         f"{os.cpu_count()} cores, Linux {platform.release()}, Python {platform.python_version()}.",
         "Every number below comes from that real run: real server processes on 127.0.0.1, real signals, "
         "real files (tests/test_faults.py, tests/test_fuzz_http.py, tests/test_codec_properties.py, "
-        "tests/test_cluster.py).",
+        "tests/test_cluster.py, tests/test_idempotency.py, tests/test_stalls.py, tests/test_data_dir.py; "
+        "the journal's and the sink's own cases in-process: tests/test_journal.py, tests/test_sink.py).",
         "",
         f"Reproduce: `{command}`. The same tests run, shorter, in `make test`.",
         "",

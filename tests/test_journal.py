@@ -172,6 +172,7 @@ def test_the_count_of_keys_holds_when_another_process_emptied_the_table(tmp_path
     assert first.held == 1
 
 
+@pytest.mark.hardening("exactly once 11: expiring 198k keys stalled one flush 445 ms and grew the -wal to 44 MB")
 def test_a_flush_expires_at_most_twice_its_keys_plus_eight_of_a_backlog(tmp_path: Path) -> None:
     """5,000 keys past the window (a data dir idle for a day): no flush pays for all of them
     (the old tree deleted 198k in one flush, 445 ms, and the -wal grew to 44 MB)."""
@@ -195,6 +196,7 @@ def test_a_flush_expires_at_most_twice_its_keys_plus_eight_of_a_backlog(tmp_path
     assert journal.held == 600
 
 
+@pytest.mark.hardening("exactly once 11: expiring 198k keys stalled one flush 445 ms and grew the -wal to 44 MB")
 def test_the_wal_is_cut_back_to_its_limit_after_a_checkpoint(tmp_path: Path) -> None:
     journal = opened(tmp_path)
     with journal.locked():
@@ -227,6 +229,7 @@ def test_a_busy_lock_times_out_naming_its_holder(tmp_path: Path) -> None:
         pass
 
 
+@pytest.mark.hardening("exactly once 5: a lock file deleted under a running server split the lock in two")
 def test_a_lock_file_deleted_while_open_stops_writes_and_is_refused_at_open(tmp_path: Path) -> None:
     """The old tree let a restarted worker lock a new inode while the others locked the old one."""
     journal = opened(tmp_path)
@@ -250,6 +253,7 @@ def test_the_identity_files_are_written_with_one_id(tmp_path: Path) -> None:
 # -- what open() refuses ------------------------------------------------------------------
 
 
+@pytest.mark.hardening("exactly once 10: a deleted journal was silently replaced by an empty one")
 def test_a_deleted_journal_is_refused(tmp_path: Path) -> None:
     """The old tree made a new, empty one: 80 of 80 retried keyed batches were written again."""
     opened(tmp_path).close()
@@ -257,18 +261,21 @@ def test_a_deleted_journal_is_refused(tmp_path: Path) -> None:
     assert "is missing" in refusal(tmp_path)
 
 
+@pytest.mark.hardening("exactly once 10: a deleted journal was silently replaced by an empty one")
 def test_a_journal_truncated_to_nothing_is_refused(tmp_path: Path) -> None:
     opened(tmp_path).close()
     layout.journal_path(tmp_path).write_bytes(b"")
     assert "holds no data dir id" in refusal(tmp_path)
 
 
+@pytest.mark.hardening("exactly once 10: a deleted journal was silently replaced by an empty one")
 def test_a_journal_overwritten_with_garbage_is_refused(tmp_path: Path) -> None:
     opened(tmp_path).close()
     layout.journal_path(tmp_path).write_bytes(b"not a database at all" * 300)
     assert "damaged" in refusal(tmp_path) or "cannot be read" in refusal(tmp_path)
 
 
+@pytest.mark.hardening("exactly once 10: a deleted journal was silently replaced by an empty one")
 def test_a_journal_from_another_data_dir_is_refused(tmp_path: Path) -> None:
     opened(tmp_path / "a").close()
     opened(tmp_path / "b").close()
@@ -276,6 +283,7 @@ def test_a_journal_from_another_data_dir_is_refused(tmp_path: Path) -> None:
     assert "belongs to data dir" in refusal(tmp_path / "a")
 
 
+@pytest.mark.hardening("exactly once 10: a deleted journal was silently replaced by an empty one")
 def test_a_journal_that_lost_its_wal_is_refused(tmp_path: Path) -> None:
     """Its newest keys were only in the -wal: the intent still names the last one committed."""
     data = tmp_path / "data"
@@ -302,6 +310,7 @@ def test_files_shorter_than_the_last_committed_flush_left_them_are_refused(tmp_p
     assert "shorter than the 4 the last committed flush left" in refusal(data)
 
 
+@pytest.mark.hardening("exactly once 6: a data dir copied while live lost 24,900 acknowledged rows at its first flush")
 def test_a_data_dir_copied_while_a_flush_ran_is_refused(tmp_path: Path) -> None:
     """`cp -r` took .tiny/ with a flush's intent live, then the day file after more flushes:
     the old tree cut 24,900 acknowledged rows back to the intent's size."""
@@ -351,6 +360,7 @@ def test_an_interrupted_first_start_is_finished_by_the_next(tmp_path: Path) -> N
     assert identity.exists() and journal.dir_id == identity.read_text().strip()
 
 
+@pytest.mark.hardening("exactly once 4: a journal that failed to open leaked descriptors and said 200 on /healthz")
 def test_a_failed_open_leaves_no_descriptor_open(tmp_path: Path) -> None:
     """The old tree leaked the lock's descriptor on each failed open: 20,000 of them."""
     opened(tmp_path).close()
