@@ -63,7 +63,7 @@ def test_sigterm_under_load_exits_zero_in_time(tmp_path: Path, figures: dict[str
     finally:
         load.stop()
         server.kill()
-        server.close()
+        server.kill()
     counts = load.check_day_file(tmp_path / "data")
     figures.update(
         case="SIGTERM under load (2 workers, 8 clients)",
@@ -90,7 +90,7 @@ def test_kill9_of_the_parent_leaves_no_orphan_and_the_port_restarts(tmp_path: Pa
     finally:
         load.stop()
         server.kill()
-        server.close()
+        server.kill()
     counts = load.check_day_file(tmp_path / "data")
     with Server(tmp_path / "data", processes=2, port=port) as again:
         restarted_ok = again.ingest(orjson.dumps(record())).status == 200

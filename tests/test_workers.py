@@ -55,7 +55,7 @@ def test_workers_of_a_killed_parent_exit_and_the_port_is_free_again(tmp_path: Pa
         assert wait_for(lambda: not any(alive(pid) for pid in workers), 5.0), "orphaned workers kept serving"
     finally:
         server.kill()
-        server.close()
+        server.kill()
     with Server(tmp_path / "data", processes=2, port=port) as again:
         assert again.port == port
         assert again.ingest(orjson.dumps(record())).status == 200
@@ -66,7 +66,7 @@ def test_sigint_stops_like_sigterm(tmp_path: Path) -> None:
     try:
         assert server.stop(signal.SIGINT) == 0
     finally:
-        server.close()
+        server.kill()
 
 
 def _start_on(port: int, data: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -154,12 +154,6 @@ def record_row(record: Any) -> tuple[str, str]:
     return day, ",".join(fields) + "\n"
 
 
-def encode_record(record: Any) -> tuple[str, bytes]:
-    """:func:`record_row`, with the row as UTF-8 bytes."""
-    day, row = record_row(record)
-    return day, row.encode()
-
-
 # One C call reads the ten columns for _fast_row. Its keys are orjson's own str objects for
 # those texts (orjson caches the keys it decodes: see its README), so each dict lookup finds
 # its key by identity instead of comparing text. With another decoder (or once orjson's

@@ -42,9 +42,9 @@ most ``lock_timeout`` seconds for it (:class:`LockTimeout` names the holder then
   deleted, or restored from an older copy), and files shorter than the last committed flush
   left them: with a :class:`JournalError` that says what was found and that
   ``--new-journal`` (``accept_new``) starts a fresh journal knowingly. Every flush checks
-  that the lock and intent files are still linked (an fstat each), and every step that uses
-  the journal that its path still has the inode it opened: one replaced or deleted while the
-  server runs stops its writes (JournalError) until it is put back.
+  that the lock and intent files are still linked (an fstat each) and that the journal's path
+  still has the inode it opened (a stat): one replaced or deleted while the server runs stops
+  its writes (JournalError) until it is put back.
 
 With ``fsync``, the intent reaches the disk before the data is written, the data and new
 directory entries before the keys' commit (synchronous=FULL), and that before the intent's
@@ -66,7 +66,7 @@ import sqlite3
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -145,6 +145,61 @@ class Intent:
     size_before: int
     size_after: int  # size_before + the bytes this flush writes (None: an intent of an older format)
     created: bool  # the flush created the file: a roll-back removes it
+
+
+class Flush:
+    """One flush's exactly-once decisions, from :meth:`Journal.begin` (the lock held).
+
+    ``decisions[i]`` says what append i of the flush does: None, write its rows; or the
+    :class:`Stored` digest and answer it is answered from, writing nothing (its key was stored
+    before, or an earlier append of this flush has it: per key, the first append decides).
+    ``first_key`` is the first key the flush stores: the key that makes it committed (None: the
+    intent's mark does). The flush then goes :meth:`intend` (before the data), :meth:`commit`
+    (after it) and :meth:`finish`; :meth:`abort` undoes the keys of one that failed before
+    its commit.
+    """
+
+    __slots__ = ("_journal", "decisions", "first_key", "intended")
+
+    def __init__(self, journal: Journal, decisions: list[Stored | None], first_key: str | None) -> None:
+        self._journal = journal
+        self.decisions = decisions
+        self.first_key = first_key
+        self.intended = False  # the intent is written: the flush's mark is its to set
+
+    def intend(self, intents: list[Intent]) -> None:
+        """Record the files the flush appends to (sizes before and after), before the data."""
+        self._journal.intend(intents, self.first_key)
+        self.intended = True
+
+    def commit(self) -> None:
+        """The data is written: store the flush's keys (the commit point of a flush with keys)."""
+        self._journal.commit()
+
+    def finish(self) -> bool:
+        """Mark the intent committed (the commit point of a flush without keys). True when
+        marked; False when the mark failed after the keys' commit (the flush is committed all
+        the same: the next recovery finds its first key and keeps its rows). Raises OSError when
+        the mark failed and was the commit point: the caller cuts the files back."""
+        if not self.intended:
+            return True
+        try:
+            self._journal.finish()
+        except OSError as exc:
+            if self.first_key is None:
+                raise
+            log.error("could not mark a committed flush (the next flush will): %s", exc)
+            return False
+        return True
+
+    def abort(self) -> None:
+        """The flush failed before its commit point: drop the keys it claimed."""
+        self._journal.rollback()
+
+    def abandon(self) -> None:
+        """The caller cut the flush's files back: mark its intent undone."""
+        if self.intended:
+            self._journal.abandon()
 
 
 class _Held:
@@ -468,12 +523,13 @@ class Journal:
         ``with journal.locked(): ...``, which releases it.
 
         Waits at most ``timeout`` (default ``lock_timeout``) seconds, then raises
-        :class:`LockTimeout` naming the holder; once held, checks that the lock and intent
-        files are the ones this journal opened (JournalError otherwise; the journal's own file
-        is checked by the steps that use it) and records this process as the holder."""
+        :class:`LockTimeout` naming the holder; once held, checks that the lock, intent and
+        journal files are the ones this journal opened (JournalError otherwise) and records
+        this process as the holder."""
         self._acquire(self.lock_timeout if timeout is None else timeout)
         try:
             self._check_files()
+            self._check_journal()
             os.pwrite(self._lock_fd, self._holder + b"%.3f\n" % time.time(), _HOLDER_AT)
         except BaseException:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
@@ -536,6 +592,8 @@ class Journal:
 
     def _check_journal(self) -> None:
         """The journal's file is still the one this journal opened (by its path's inode)."""
+        if not self._journal_inode:  # opening: not known yet
+            return
         path = self._journal_file  # a str: joining Paths here cost more than the stat
         try:
             found = os.stat(path).st_ino
@@ -562,8 +620,6 @@ class Journal:
         """
         if os.pread(self._intent_fd, 1, 0) != _LIVE:  # the usual case: finished, or never written
             return 0
-        if self._journal_inode:
-            self._check_journal()  # which says whether the flush committed
         parsed = _parse_intent(os.pread(self._intent_fd, 1 << 24, 0))
         if parsed is None:
             log.warning("dropped a torn intent (a flush stopped before writing any data)")
@@ -619,6 +675,33 @@ class Journal:
             finally:
                 os.close(fd)
 
+    def begin(self, claims: Sequence[Claim | None]) -> Flush:
+        """Decide a flush of appends whose claims are ``claims`` (None: an append without a key)
+        and claim their new keys (see :meth:`claim`); the :class:`Flush` says which append
+        writes and which is answered from a stored answer. Lock held."""
+        deciding: dict[str, Stored] = {}
+        distinct: list[Claim] = []
+        for claim in claims:
+            if claim is not None and claim.key not in deciding:
+                deciding[claim.key] = Stored(claim.digest, claim.answer)
+                distinct.append(claim)
+        held = self.claim(distinct)
+        decisions: list[Stored | None] = []
+        writing: set[str] = set()
+        first_key = None
+        for claim in claims:
+            if claim is None:
+                decisions.append(None)
+            elif claim.key in held:  # stored before this flush
+                decisions.append(held[claim.key])
+            elif claim.key in writing:  # an earlier append of this flush decided it
+                decisions.append(deciding[claim.key])
+            else:
+                writing.add(claim.key)
+                first_key = first_key or claim.key
+                decisions.append(None)
+        return Flush(self, decisions, first_key)
+
     def claim(self, claims: list[Claim]) -> dict[str, Stored]:
         """Open the flush's transaction and insert each of ``claims`` (distinct keys) that the
         journal does not hold; returns those it holds within the window, with their digest
@@ -631,7 +714,6 @@ class Journal:
         committed. Lock held."""
         if not claims:
             return {}
-        self._check_journal()
         while True:
             self.db.execute("BEGIN IMMEDIATE")
             held: dict[str, Stored] = {}

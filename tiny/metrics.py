@@ -1,20 +1,28 @@
 """Prometheus metrics, summed over every worker process of one server.
 
-prometheus-client's multiprocess mode: each process writes its values to mmap files in
-``PROMETHEUS_MULTIPROC_DIR``, and a scrape merges all files. The variable must be set
-before prometheus_client is first imported (it picks its value class at import), which is
-why :func:`tiny.prefork.serve` sets it and imports this module only afterwards.
+prometheus-client's multiprocess mode: each process writes its values to mmap files in one
+directory, and a scrape merges all files. :func:`setup` turns it on explicitly, before any
+:class:`Metrics` is built (tiny.prefork.serve calls it first): it sets the value class
+prometheus-client would otherwise pick from ``PROMETHEUS_MULTIPROC_DIR`` when first
+imported, so the order of imports does not matter.
 """
 
 from __future__ import annotations
 
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def setup(directory: str) -> None:
+    """Keep this process's metrics, and those of the processes it forks, in ``directory``
+    (the multiprocess mode); a scrape (:func:`render`) merges them."""
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # read by the collector and mark_process_dead
+    values.ValueClass = values.MultiProcessValue()
 
 
 class Metrics:
@@ -60,7 +68,7 @@ class Metrics:
         )
         self.keys_held = Gauge(
             "tiny_idempotency_keys",
-            "Idempotency-Keys in the data dir's journal (recounted every 64 flushes of a process)",
+            "Idempotency-Keys in the data dir's journal, as of this process's last commit with keys",
             registry=None,
             multiprocess_mode="max",
         )

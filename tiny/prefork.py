@@ -46,9 +46,11 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from tiny import __version__, descriptors, profiling
+from tiny import __version__, codec, descriptors, metrics, profiling
 from tiny.config import Config
 from tiny.heartbeat import Heartbeats
+from tiny.journal import Journal, JournalError
+from tiny.worker import run_worker
 
 log = logging.getLogger("tiny.prefork")
 _RESTART_BACKOFF_SECONDS = 1.0
@@ -135,8 +137,7 @@ def _proc_address(family: int, ip: str) -> str:
 def serve(config: Config) -> int:
     """Run the server until it is stopped; returns the process exit code."""
     metrics_dir = tempfile.mkdtemp(prefix="tiny-metrics-")
-    # prometheus-client reads this when first imported, so it is set before tiny.worker loads.
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    metrics.setup(metrics_dir)
     try:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         if not _journal_usable(config):
@@ -160,8 +161,6 @@ def serve(config: Config) -> int:
                 "the token was given with --token: every user of this machine sees it in ps; "
                 "prefer --token-file or TINY_TOKEN"
             )
-        from tiny import codec
-
         host, port = sockets[0].getsockname()[:2]
         in_process = config.no_fork or profiling.active()
         log.info(
@@ -180,8 +179,6 @@ def serve(config: Config) -> int:
             f"bearer token from the {config.token_source}" if config.token else "no token",
         )
         if in_process:  # no fork: kernprof and debuggers see the work in this process
-            from tiny.worker import run_worker
-
             return run_worker(config, sockets[0])
         return _Supervisor(config, sockets).run()
     finally:
@@ -192,8 +189,6 @@ def _journal_usable(config: Config) -> bool:
     """Open the data dir's journal once before any worker starts (creating it in a new data
     dir; with --new-journal, replacing one found wrong), so that a journal that cannot be
     used stops the start with its reason instead of failing every request."""
-    from tiny.journal import Journal, JournalError
-
     journal = Journal(
         config.data_dir,
         fsync=config.durability == "fsync",
@@ -240,8 +235,6 @@ class _Supervisor:
         self.failed = False
 
     def run(self) -> int:
-        from tiny import metrics
-
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         previous_fd = signal.set_wakeup_fd(wake_write)
         previous = {signum: signal.signal(signum, self._record) for signum in (*_STOP_SIGNALS, signal.SIGCHLD)}
@@ -370,8 +363,6 @@ class _Supervisor:
             for other, sock in enumerate(self.sockets):
                 if other != index:
                     sock.close()
-            from tiny.worker import run_worker
-
             code = run_worker(self.config, self.sockets[index], parent_pid=parent, beat=(self.heartbeats, index))
         except BaseException:
             traceback.print_exc()

@@ -17,11 +17,11 @@ DATA_DIR:
   transaction (if any: the commit point) and marks its intent committed (the commit point of
   a flush without keys). Killed at any point, a flush leaves its rows and keys both, or
   neither.
-- Per key, the first append of a flush decides: its digest and answer are what the flush
-  claims, and its rows are what it writes. Every later append with that key, in this flush
-  or after, writes nothing: its future resolves to the :class:`~tiny.journal.Stored` digest
-  and answer of the first, and the caller answers from them (the same body: replayed;
-  another: 422). So a retry, in any process, never writes a batch twice.
+- Which append writes and which is answered from a stored answer is the journal's to say
+  (:meth:`~tiny.journal.Journal.begin`: per key, the first append of a flush decides). An
+  append that writes nothing resolves to the :class:`~tiny.journal.Stored` digest and answer,
+  and the caller answers from them (the same body: replayed; another: 422). So a retry, in
+  any process, never writes a batch twice.
 - If a flush fails before its commit point (disk full, EFBIG, EIO, its keys' commit refused),
   every file of it is cut back to its size before, a file it created is removed, and its
   intent marked undone, all before any append is answered: a SinkError means nothing of it
@@ -59,7 +59,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from sqlite3 import Error as SQLiteError
 
-from tiny.journal import Claim, Intent, Journal, JournalError, LockTimeout, Stored, fsync_dir
+from tiny.journal import Claim, Flush, Intent, Journal, JournalError, LockTimeout, Stored, fsync_dir
 from tiny.profiling import profile
 
 log = logging.getLogger("tiny.sink")
@@ -332,65 +332,39 @@ class DailyFileSink:
             self.busy_since = 0.0
 
     def _write_locked(self, group: list[_Append]) -> list[Stored | None]:
-        journal = self.journal
-        journal.recover()
-        decided: dict[str, Stored] = {}  # per key, the first append's digest and answer
-        claims: list[Claim] = []
-        for append in group:
-            if append.claim is not None and append.claim.key not in decided:
-                decided[append.claim.key] = Stored(append.claim.digest, append.claim.answer)
-                claims.append(append.claim)
-        held = journal.claim(claims)
-        results: list[Stored | None] = []
+        self.journal.recover()
+        flush = self.journal.begin([append.claim for append in group])
         pending: dict[str, list[bytes]] = {}
-        writing: set[str] = set()
-        first_key = None
-        for append in group:
-            if append.claim is not None:
-                key = append.claim.key
-                if key in held:  # stored before this flush
-                    results.append(held[key])
-                    continue
-                if key in writing:  # an earlier append of this flush decided it
-                    results.append(decided[key])
-                    continue
-                writing.add(key)
-                first_key = first_key or key
-            results.append(None)
-            for name, data in append.chunks.items():
-                pending.setdefault(name, []).append(data)
+        for append, decision in zip(group, flush.decisions, strict=True):
+            if decision is None:
+                for name, data in append.chunks.items():
+                    pending.setdefault(name, []).append(data)
         opened: list[tuple[int, Intent]] = []
-        intended = False
         try:
             try:
-                intended = self._write_files(pending, first_key, opened)
+                self._write_files(pending, flush, opened)
                 self._crash("after-writes")
-                journal.commit()  # the commit point of a flush with keys
+                flush.commit()
             except BaseException:
-                journal.rollback()
-                self._roll_back(opened, intended)  # before any answer: a SinkError keeps nothing
+                flush.abort()
+                self._roll_back(opened, flush)  # before any answer: a SinkError keeps nothing
                 raise
-            self._crash("after-commit")  # the keys are recorded, the intent is still live
+            self._crash("after-commit")  # with keys: committed, the intent still live
             try:
-                if intended:
-                    journal.finish()  # the commit point of a flush without keys
-            except OSError as exc:
-                if first_key is None:
-                    self._roll_back(opened, intended)
-                    raise
-                # Committed already: the next recovery finds the first key and keeps the rows.
-                self._repair = True
-                log.error("could not mark a committed flush (the next flush will): %s", exc)
+                if not flush.finish():
+                    self._repair = True
+            except OSError:
+                self._roll_back(opened, flush)
+                raise
             self._crash("after-finish")
         finally:
             for fd, _ in opened:
                 os.close(fd)
-        return results
+        return flush.decisions
 
-    def _write_files(self, pending: Mapping[str, list[bytes]], first_key: str | None, opened: list) -> bool:
-        """Append each file's chunks with one write, after recording the intent (with the
-        first key the flush will record). Fills ``opened`` with each descriptor and its
-        intent as it goes, for the caller's roll-back; returns whether the intent was written."""
+    def _write_files(self, pending: Mapping[str, list[bytes]], flush: Flush, opened: list[tuple[int, Intent]]) -> None:
+        """Append each file's chunks with one write, after the flush records its intent. Fills
+        ``opened`` with each descriptor and its intent as it goes, for the caller's roll-back."""
         writes: list[tuple[int, bytes]] = []
         new_dirs: set[Path] = set()
         for name in sorted(pending):
@@ -414,8 +388,8 @@ class DailyFileSink:
             if created:
                 new_dirs.add(path.parent)
         if not opened:
-            return False
-        self.journal.intend([intent for _, intent in opened], first_key)
+            return
+        flush.intend([intent for _, intent in opened])
         self._crash("before-writes")
         for number, (fd, data) in enumerate(writes):
             _write_fully(fd, data)
@@ -428,9 +402,8 @@ class DailyFileSink:
                 os.fsync(fd)
             for directory in new_dirs:
                 fsync_dir(directory)
-        return True
 
-    def _roll_back(self, opened: list[tuple[int, Intent]], intended: bool) -> None:
+    def _roll_back(self, opened: list[tuple[int, Intent]], flush: Flush) -> None:
         """Cut every file of a failed flush back and mark its intent undone; if that fails
         too, the intent stays live and the next recovery (at the latest, :meth:`close`'s)
         does it."""
@@ -444,8 +417,7 @@ class DailyFileSink:
                 for fd, intent in opened:
                     if not intent.created:
                         os.fsync(fd)
-            if intended:
-                self.journal.abandon()
+            flush.abandon()
         except (OSError, SQLiteError) as exc:
             self._repair = True
             log.critical("could not roll back a failed flush (the next flush will): %s", exc)

@@ -336,10 +336,6 @@ class Server:
             self._log_text = self.log()
             self.log_path.unlink(missing_ok=True)
 
-    def close(self) -> None:
-        """Kill anything left in the server's session (kept for the tests' try/finally blocks)."""
-        self.kill()
-
     def __enter__(self) -> Server:
         return self.start()
 
