@@ -140,7 +140,7 @@ def test_sigterm_under_load_exits_zero_and_keeps_every_acked_record(tmp_path: Pa
         for thread in threads:
             thread.join()
         server.kill()
-        server.close()
+        server.kill()
     assert code == 0, server.log()
     assert took < 10
     assert acked, "no request was acknowledged before the SIGTERM"

@@ -326,7 +326,7 @@ def test_many_small_gzip_members_decode_in_linear_time_and_count_like_one(tmp_pa
 
 @pytest.mark.hardening("ingest 3: gzip bodies of many members decoded in quadratic time")
 def test_a_gzip_body_of_too_many_members_gets_a_json_413(tmp_path: Path) -> None:
-    from tiny.handlers.ingest import MAX_GZIP_MEMBERS
+    from tiny.limits import MAX_GZIP_MEMBERS
 
     with Server(tmp_path / "data") as server:
         response = server.ingest(gzip.compress(b"") * (MAX_GZIP_MEMBERS + 1), {"Content-Encoding": "gzip"})

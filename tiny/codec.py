@@ -45,13 +45,14 @@ from typing import Any, NamedTuple, Protocol
 
 import orjson
 
+from tiny import limits
 from tiny.layout import COLUMNS
 from tiny.profiling import profile
 
 STRING_FIELDS = ("r_version", "r_arch", "r_os", "package", "version", "country")  # strings, or NA
-MAX_STRING = 1024  # characters (code points), not bytes
-MAX_DAYS = 16  # distinct days in one body (--max-days)
-MAX_REJECTS = 1000  # invalid lines whose record one body keeps (--max-rejects)
+MAX_STRING = limits.MAX_STRING  # characters (code points), not bytes
+MAX_DAYS = limits.MAX_DAYS  # distinct days in one body (--max-days)
+MAX_REJECTS = limits.MAX_REJECTS  # invalid lines whose record one body keeps (--max-rejects)
 TOO_MANY_DAYS = "date: more days in one request than --max-days"
 
 # Integers keep orjson's range: it decodes -2**63 .. 2**64-1 as int and anything wider as

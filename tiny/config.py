@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiny.codec import MAX_DAYS, MAX_REJECTS
+from tiny import limits
 
 ENV_PREFIX = "TINY_"
 DURABILITIES = ("write", "fsync")
@@ -28,26 +28,26 @@ class Config:
     processes: int = 0
     data_dir: Path = Path("data")
     durability: str = "write"
-    max_body: int = 64 * 1024**2
+    max_body: int = limits.MAX_BODY
     token: str | None = None
     token_file: Path | None = None
-    max_backlog: int = 256 * 1024**2
-    idle_timeout: float = 60.0
-    body_timeout: float = 60.0
-    drain_timeout: float = 8.0
-    max_days: int = MAX_DAYS
-    max_rejects: int = MAX_REJECTS
+    max_backlog: int = limits.MAX_BACKLOG
+    idle_timeout: float = limits.IDLE_TIMEOUT
+    body_timeout: float = limits.BODY_TIMEOUT
+    drain_timeout: float = limits.DRAIN_TIMEOUT
+    max_days: int = limits.MAX_DAYS
+    max_rejects: int = limits.MAX_REJECTS
     max_connections: int = 0
-    analytics_processes: int = 1
-    analytics_threads: int = 1
+    analytics_processes: int = limits.ANALYTICS_PROCESSES
+    analytics_threads: int = limits.ANALYTICS_THREADS
     analytics_nice: str = "idle"
-    analytics_max_queued: int = 32
-    analytics_cache_bytes: int = 64 * 1024**2
-    idempotency_window: float = 86_400.0
-    idempotency_max_keys: int = 10_000_000
+    analytics_max_queued: int = limits.ANALYTICS_MAX_QUEUED
+    analytics_cache_bytes: int = limits.ANALYTICS_CACHE_BYTES
+    idempotency_window: float = limits.IDEMPOTENCY_WINDOW
+    idempotency_max_keys: int = limits.IDEMPOTENCY_MAX_KEYS
     journal_mode: str = "wal"
-    lock_timeout: float = 5.0
-    stall_timeout: float = 10.0
+    lock_timeout: float = limits.LOCK_TIMEOUT
+    stall_timeout: float = limits.STALL_TIMEOUT
     new_journal: bool = False
     no_fork: bool = False
     crash_at: str = ""  # fault injection for the crash tests (tiny.sink); not in --help
@@ -144,13 +144,11 @@ def _crash_point(text: str) -> str:
 
 
 def _max_keys(text: str) -> int:
-    """At least the keys one flush may commit (tiny.sink.MAX_FLUSH_APPENDS): below that, a
-    flush would push out keys it is committing itself."""
-    from tiny.sink import MAX_FLUSH_APPENDS
-
+    """At least the keys one flush may commit (limits.MAX_FLUSH_APPENDS): below that, a flush
+    would push out keys it is committing itself."""
     value = int(text)
-    if value < MAX_FLUSH_APPENDS:
-        raise argparse.ArgumentTypeError(f"must be at least {MAX_FLUSH_APPENDS}, the keys one flush may commit")
+    if value < limits.MAX_FLUSH_APPENDS:
+        raise argparse.ArgumentTypeError(f"must be at least {limits.MAX_FLUSH_APPENDS}, the keys one flush may commit")
     return value
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-GRACE_SECONDS = 0.5  # requests on open keep-alive connections are still served this long
+from tiny.limits import DRAIN_GRACE as GRACE_SECONDS  # requests on open connections are served this long
 
 
 class Drain:

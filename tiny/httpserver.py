@@ -35,14 +35,14 @@ from tornado.http1connection import (
 from tornado.httpserver import HTTPServer, _HTTPRequestContext
 from tornado.ioloop import IOLoop
 
+from tiny.limits import MAX_CHUNK_LINE, MAX_TRAILERS
+
 log = logging.getLogger("tiny.httpserver")
 
 _ACCEPT_BATCH = 128  # connections accepted per wake-up before other work gets a turn
 _ACCEPT_PAUSE = 0.1  # seconds accept pauses after it ran out of descriptors or memory
 _LOG_EVERY = 1.0  # seconds between two log lines of the same kind
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-MAX_CHUNK_LINE = 4096  # bytes of a chunk-size line with its extensions
-MAX_TRAILERS = 64 * 1024  # bytes of trailer fields after the last chunk
 
 
 class _Every:

@@ -75,7 +75,7 @@ from urllib.parse import quote
 import orjson
 from blake3 import blake3
 
-from tiny import layout
+from tiny import layout, limits
 
 log = logging.getLogger("tiny.journal")
 
@@ -234,10 +234,10 @@ class Journal:
         data_dir: Path,
         *,
         fsync: bool = False,
-        window: float = 86_400.0,
-        max_keys: int = 10_000_000,
+        window: float = limits.IDEMPOTENCY_WINDOW,
+        max_keys: int = limits.IDEMPOTENCY_MAX_KEYS,
         mode: str = "wal",
-        lock_timeout: float = 5.0,
+        lock_timeout: float = limits.LOCK_TIMEOUT,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"journal mode must be one of {MODES}")

@@ -59,6 +59,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from sqlite3 import Error as SQLiteError
 
+from tiny import limits
 from tiny.journal import Claim, Flush, Intent, Journal, JournalError, LockTimeout, Stored, fsync_dir
 from tiny.profiling import profile
 
@@ -66,7 +67,7 @@ log = logging.getLogger("tiny.sink")
 
 # Where the crash tests make a flush kill (or stop) its process; "worker-start": a worker, as it starts (tiny.worker).
 CRASH_POINTS = ("before-writes", "between-writes", "after-writes", "after-commit", "after-finish", "worker-start")
-MAX_FLUSH_APPENDS = 256  # appends (so keys) in one flush: bounds its transaction and its expiry
+MAX_FLUSH_APPENDS = limits.MAX_FLUSH_APPENDS  # appends (so keys) in one flush: bounds its transaction and expiry
 _REOPEN_SECONDS = 1.0  # a journal that failed to open is tried again at most this often
 _WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for the lock before /healthz reports it
 
@@ -134,7 +135,7 @@ class DailyFileSink:
         data_dir: Path,
         *,
         fsync: bool = False,
-        max_backlog: int = 256 * 1024**2,
+        max_backlog: int = limits.MAX_BACKLOG,
         max_files: int = 32,
         headers: Mapping[str, bytes] | None = None,
         journal: Journal | None = None,
@@ -437,7 +438,7 @@ class DailyFileSink:
             )
             os.kill(os.getpid(), self._crash_signal)
 
-    async def close(self, timeout: float = 8.0) -> bool:
+    async def close(self, timeout: float = limits.DRAIN_TIMEOUT) -> bool:
         """Write everything still pending within ``timeout`` seconds (the lock waited for at
         most what is left of it), then close the journal and stop the sink thread. Returns
         True when every append was written; False when some got SinkError, or the sink thread

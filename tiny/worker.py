@@ -24,11 +24,12 @@ import signal
 import socket
 import time
 
-from tiny import codec, descriptors, layout
+from tiny import codec, descriptors, layout, limits
 from tiny.analytics.service import Analytics
 from tiny.config import Config
 from tiny.drain import Drain
-from tiny.handlers.base import HEADER_READ_LIMIT, Deps, instance_name
+from tiny.handlers.base import Deps, instance_name
+from tiny.handlers.rules import IngestRules
 from tiny.heartbeat import BEAT_SECONDS, Heartbeats
 from tiny.httpserver import TinyHTTPServer
 from tiny.journal import Journal, JournalError
@@ -110,15 +111,16 @@ async def _serve(
         sink=sink,
         analytics=Analytics.from_config(config),
         drain=drain,
+        rules=IngestRules(config.max_body, config.token),
         instance=instance_name(sock.getsockname()[1]),
         started=time.monotonic(),
     )
     server = TinyHTTPServer(
         make_app(deps),
-        max_body_size=config.max_body,
+        max_body_size=limits.MAX_OTHER_BODY,  # /ingest lifts it: its rules hold --max-body
         idle_connection_timeout=config.idle_timeout,  # also bounds the time to send headers
         body_timeout=config.body_timeout,
-        max_header_size=HEADER_READ_LIMIT,
+        max_header_size=limits.HEADER_READ_LIMIT,
         max_connections=config.max_connections or descriptors.connection_limit(config, descriptors.sink_files(config)),
         on_connections=metrics.connections.set,
     )

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tiny import layout
+from tiny import layout, limits
 from tiny.analytics import charts, compute
 from tiny.analytics.compute import HOURS, DayFile
 from tiny.config import Config
@@ -161,8 +161,8 @@ class Analytics:
         processes: int = 1,
         threads: int = 1,
         nice: str = "idle",
-        max_queued: int = 32,
-        cache_bytes: int = 64 * 1024**2,
+        max_queued: int = limits.ANALYTICS_MAX_QUEUED,
+        cache_bytes: int = limits.ANALYTICS_CACHE_BYTES,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.processes = processes

@@ -19,19 +19,15 @@ from tornado import web
 
 from tiny.config import Config
 from tiny.drain import Drain
+from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
 from tiny.metrics import Metrics
 from tiny.sink import DailyFileSink
 
 if TYPE_CHECKING:
     from tiny.analytics.service import Analytics
+    from tiny.handlers.rules import IngestRules
 
 log = logging.getLogger("tiny.handlers")
-
-# Header limits, answered with a JSON 431. Tornado itself reads up to HEADER_READ_LIMIT and
-# closes the connection without an answer past it (tiny.worker), which bounds the memory.
-MAX_HEADER_BYTES = 64 * 1024
-MAX_HEADERS = 100
-HEADER_READ_LIMIT = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -43,6 +39,7 @@ class Deps:
     sink: DailyFileSink
     analytics: Analytics
     drain: Drain
+    rules: IngestRules  # the request rules of /ingest (tiny.handlers.rules)
     instance: str  # ``<hostname>:<port>/<pid>``
     started: float  # time.monotonic() when the worker started
 
@@ -50,6 +47,17 @@ class Deps:
 def instance_name(port: int) -> str:
     """``<hostname>:<port>/<pid>``: which process answered (for /healthz and load tests)."""
     return f"{socket.gethostname()}:{port}/{os.getpid()}"
+
+
+def check_token(token: str | None, authorization: str) -> None:
+    """401 unless ``authorization`` is ``Bearer <token>`` (when a token is set). The scheme is
+    case-insensitive (RFC 9110, section 11.1), the token is not, and it is compared in
+    constant time: the time taken does not tell how much of it was right."""
+    if token is None:
+        return
+    scheme, _, sent = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(sent.strip().encode(), token.encode()):
+        raise APIError(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="tiny"'})
 
 
 class APIError(web.HTTPError):
@@ -78,7 +86,8 @@ class JSONHandler(web.RequestHandler):
         self.check_headers()
 
     def check_headers(self) -> None:
-        """431 for more than MAX_HEADERS headers or MAX_HEADER_BYTES of them."""
+        """431 for more than MAX_HEADERS headers or MAX_HEADER_BYTES of them (tiny.limits;
+        past HEADER_READ_LIMIT Tornado itself closes the connection unanswered)."""
         headers = list(self.request.headers.get_all())
         if len(headers) > MAX_HEADERS:
             raise APIError(431, f"more than {MAX_HEADERS} request headers")
@@ -86,17 +95,8 @@ class JSONHandler(web.RequestHandler):
             raise APIError(431, f"request headers larger than {MAX_HEADER_BYTES} bytes")
 
     def check_token(self) -> None:
-        """401 unless the request carries ``Authorization: Bearer <token>`` (when one is set).
-
-        The scheme is case-insensitive (RFC 9110, section 11.1), the token is not.
-        """
-        token = self.config.token
-        if token is None:
-            return
-        scheme, _, sent = self.request.headers.get("Authorization", "").strip().partition(" ")
-        # compare_digest: the time taken does not tell how much of the token was right
-        if scheme.lower() != "bearer" or not hmac.compare_digest(sent.strip().encode(), token.encode()):
-            raise APIError(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="tiny"'})
+        """401 unless the request carries ``Authorization: Bearer <token>`` (when one is set)."""
+        check_token(self.config.token, self.request.headers.get("Authorization", ""))
 
     def body_read(self) -> bool:
         """Whether the whole request body has been read (always, unless the handler streams it)."""
