@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 
 import pytest
@@ -34,10 +33,3 @@ def test_rejects_file_is_named_for_the_utc_day_received() -> None:
 def test_parse_day_refuses_what_is_not_a_calendar_date(text: str) -> None:
     with pytest.raises(ValueError):
         layout.parse_day(text)
-
-
-def test_the_rust_crate_writes_the_same_columns_in_the_same_order() -> None:
-    source = (ROOT / "rust" / "tiny_codec" / "src" / "json.rs").read_text()
-    found = re.search(r"pub const COLUMNS: \[&str; 10\] =\s*\[([^\]]*)\]", source)
-    assert found, "rust/tiny_codec/src/json.rs no longer defines COLUMNS"
-    assert tuple(re.findall(r'"([a-z_]+)"', found.group(1))) == layout.COLUMNS

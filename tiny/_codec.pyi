@@ -4,10 +4,19 @@
 plain tuple: the CSV rows per day, the first ``max_rejects`` rejects ``(line_number, reason,
 raw_line)``, the valid and invalid counts, and the line range of the rejects left out.
 It takes ``bytes`` only (PyO3's ``&[u8]``: a bytearray or memoryview raises TypeError) and
-never raises for any bytes.
+never raises for any bytes. The constants say what the module is (its version and the hash of
+the sources it was built from) and what it enforces; tiny.codec holds them equal to its own.
 """
 
-__all__ = ["encode"]
+__all__ = ["BUILD_ID", "COLUMNS", "MAX_DAYS", "MAX_REJECTS", "MAX_STRING", "REASONS", "encode"]
+
+__version__: str
+BUILD_ID: str  # FNV-1a 64 of the sources it was built from (rust/tiny_codec/build.rs)
+MAX_DAYS: int
+MAX_REJECTS: int
+MAX_STRING: int
+COLUMNS: list[str]
+REASONS: list[str]
 
 def encode(
     body: bytes, max_days: int = 16, max_rejects: int = 1000

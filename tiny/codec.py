@@ -41,6 +41,7 @@ from collections import defaultdict
 from collections.abc import Callable, Container
 from datetime import date as _date
 from operator import itemgetter
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import orjson
@@ -50,10 +51,36 @@ from tiny.layout import COLUMNS
 from tiny.profiling import profile
 
 STRING_FIELDS = ("r_version", "r_arch", "r_os", "package", "version", "country")  # strings, or NA
+_CRATE = Path(__file__).resolve().parent.parent / "rust" / "tiny_codec"
 MAX_STRING = limits.MAX_STRING  # characters (code points), not bytes
 MAX_DAYS = limits.MAX_DAYS  # distinct days in one body (--max-days)
 MAX_REJECTS = limits.MAX_REJECTS  # invalid lines whose record one body keeps (--max-rejects)
 TOO_MANY_DAYS = "date: more days in one request than --max-days"
+# Every reason a line can be refused with, in the order the checks run (the compiled codec's
+# own list, tiny._codec.REASONS, is held equal to this when it is imported).
+REASONS = (
+    "invalid UTF-8",
+    "invalid JSON",
+    "not a JSON object",
+    "date: missing",
+    "date: not a string",
+    "date: not a calendar date YYYY-MM-DD",
+    "time: missing",
+    "time: not a string",
+    "time: not a time of day HH:MM:SS",
+    "size: missing",
+    "size: not an integer",
+    "size: less than 0",
+    *(
+        f"{field}: {reason}"
+        for field in STRING_FIELDS
+        for reason in ("not a string or null", f"longer than {MAX_STRING} characters", "control character")
+    ),
+    "ip_id: missing",
+    "ip_id: not an integer",
+    "ip_id: less than 1",
+    TOO_MANY_DAYS,
+)
 
 # Integers keep orjson's range: it decodes -2**63 .. 2**64-1 as int and anything wider as
 # float, which is "not an integer" here, in both codecs.
@@ -298,12 +325,64 @@ def _select() -> tuple[str, Encode]:
         from tiny import _codec
     except ImportError:
         return "python", encode_reference
+    _check_agrees(_codec)
     compiled = _codec.encode
 
     def encode_compiled(body: bytes, max_days: int = MAX_DAYS, max_rejects: int = MAX_REJECTS) -> Batch:
         return Batch(*compiled(body, max_days, max_rejects))
 
     return "rust", encode_compiled
+
+
+def _check_agrees(compiled: Any) -> None:
+    """The compiled codec's limits, columns and reasons are this module's: ImportError otherwise
+    (a compiled module from another version of the code, whose rows or reasons would differ)."""
+    theirs = (compiled.MAX_DAYS, compiled.MAX_REJECTS, compiled.MAX_STRING, tuple(compiled.COLUMNS))
+    ours = (MAX_DAYS, MAX_REJECTS, MAX_STRING, COLUMNS)
+    if theirs != ours or set(compiled.REASONS) != set(REASONS):
+        raise ImportError(
+            f"the compiled codec {compiled.__file__} disagrees with tiny/codec.py (limits, columns or reasons: "
+            f"{theirs} against {ours}): rebuild it with `make codec`, or run the reference codec with TINY_CODEC=python"
+        )
+
+
+def source_hash(crate: Path = _CRATE) -> str | None:
+    """The build id the crate's sources in ``crate`` give (rust/tiny_codec/build.rs: FNV-1a 64
+    over Cargo.toml and src/*.rs, each as its path, NUL, its bytes, NUL), or None without them
+    (an installed package, not a checkout)."""
+    if not (crate / "Cargo.toml").exists():
+        return None
+    digest = 0xCBF29CE484222325
+    for name in ["Cargo.toml", *sorted(f"src/{path.name}" for path in (crate / "src").glob("*.rs"))]:
+        for byte in name.encode() + b"\0" + (crate / name).read_bytes() + b"\0":
+            digest = ((digest ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{digest:016x}"
+
+
+def stale_build() -> str | None:
+    """Why the compiled codec in use was not built from this checkout's sources, or None (it
+    was, or no compiled codec or no sources are here)."""
+    if CODEC != "rust":
+        return None
+    from tiny import _codec
+
+    found = source_hash()
+    if found is None or found == _codec.BUILD_ID:
+        return None
+    return (
+        f"the compiled codec {_codec.__file__} was built from other sources (build {_codec.BUILD_ID}) than "
+        f"this checkout's rust/tiny_codec (build {found}): run `make codec` (`make run` does), or start with "
+        "TINY_CODEC=python"
+    )
+
+
+def build_id() -> str | None:
+    """The compiled codec's version and build id (for /healthz), or None for the reference codec."""
+    if CODEC != "rust":
+        return None
+    from tiny import _codec
+
+    return f"{_codec.__version__}+{_codec.BUILD_ID}"
 
 
 CODEC, encode = _select()

@@ -24,18 +24,33 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import tornado
 from tornado import httputil, iostream
-from tornado.http1connection import (
+
+# Two methods below are copies of Tornado's own, changed (HTTP1Connection._read_chunked_body and
+# HTTP1ServerConnection._server_request_loop), and they use private names of Tornado's. They were
+# checked against these versions only: any other refuses to import, saying what to check.
+# tests/test_httpserver.py fails when the upstream methods' source changes.
+CHECKED_TORNADO = ("6.6.1",)
+if tornado.version not in CHECKED_TORNADO:
+    raise ImportError(
+        f"tiny.httpserver copies Tornado {', '.join(CHECKED_TORNADO)}'s HTTP1Connection._read_chunked_body and "
+        "HTTP1ServerConnection._server_request_loop, and uses its private _CHUNK_YIELD_COST, _YIELD_THRESHOLD, "
+        f"_is_done and _HTTPRequestContext; Tornado {tornado.version} is installed: compare them with its source, "
+        "then add it to CHECKED_TORNADO (or install tornado==6.6.1, the pinned version)"
+    )
+
+from tornado.http1connection import (  # noqa: E402
     _CHUNK_YIELD_COST,
     _YIELD_THRESHOLD,
     HTTP1Connection,
     HTTP1ServerConnection,
     _is_done,
 )
-from tornado.httpserver import HTTPServer, _HTTPRequestContext
-from tornado.ioloop import IOLoop
+from tornado.httpserver import HTTPServer, _HTTPRequestContext  # noqa: E402
+from tornado.ioloop import IOLoop  # noqa: E402
 
-from tiny.limits import MAX_CHUNK_LINE, MAX_TRAILERS
+from tiny.limits import MAX_CHUNK_LINE, MAX_TRAILERS  # noqa: E402
 
 log = logging.getLogger("tiny.httpserver")
 

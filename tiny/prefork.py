@@ -139,6 +139,10 @@ def serve(config: Config) -> int:
     metrics_dir = tempfile.mkdtemp(prefix="tiny-metrics-")
     metrics.setup(metrics_dir)
     try:
+        stale = codec.stale_build()
+        if stale:
+            log.error("cannot start: %s", stale)
+            return 1
         config.data_dir.mkdir(parents=True, exist_ok=True)
         if not _journal_usable(config):
             return 1
@@ -164,14 +168,15 @@ def serve(config: Config) -> int:
         host, port = sockets[0].getsockname()[:2]
         in_process = config.no_fork or profiling.active()
         log.info(
-            "tiny %s listening on http://%s:%d with %d worker process(es)%s, codec %s, data dir %s, durability %s, "
-            "at most %d connections per worker (RLIMIT_NOFILE %d), %s",
+            "tiny %s listening on http://%s:%d with %d worker process(es)%s, codec %s (%s), data dir %s, "
+            "durability %s, at most %d connections per worker (RLIMIT_NOFILE %d), %s",
             __version__,
             host,
             port,
             count,
             " in this process" if in_process else "",
             codec.CODEC,
+            codec.build_id() or "pure Python",
             config.data_dir.resolve(),
             config.durability,
             config.max_connections,

@@ -34,6 +34,7 @@ class HealthHandler(JSONHandler):
                     "instance": self.deps.instance,
                     "pid": os.getpid(),
                     "codec": codec.CODEC,
+                    "codec_build": codec.build_id(),
                     "durability": self.config.durability,
                     "backlog_bytes": self.deps.sink.backlog,
                     "uptime_seconds": round(time.monotonic() - self.deps.started, 3),

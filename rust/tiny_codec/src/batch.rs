@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use crate::json::{parse_record, Field, Parsed};
+use crate::fast::parse_line;
+use crate::json::{Field, Parsed};
 use crate::record::{day_text, encode_fields, Rows};
 
 /// One refused line: 1-based line number, reason, and `start..end` of its raw bytes in the
@@ -18,6 +19,46 @@ pub struct Reject {
 
 /// The reason of a valid record whose day would be one more than `max_days`.
 pub const TOO_MANY_DAYS: &str = "date: more days in one request than --max-days";
+
+/// Every reason a line can be refused with, in the order the checks run: tiny/codec.py's
+/// `REASONS`, which it holds equal to this list (exported as `tiny._codec.REASONS`) when it
+/// imports the compiled codec.
+pub const REASONS: [&str; 34] = [
+    "invalid UTF-8",
+    "invalid JSON",
+    "not a JSON object",
+    "date: missing",
+    "date: not a string",
+    "date: not a calendar date YYYY-MM-DD",
+    "time: missing",
+    "time: not a string",
+    "time: not a time of day HH:MM:SS",
+    "size: missing",
+    "size: not an integer",
+    "size: less than 0",
+    "r_version: not a string or null",
+    "r_version: longer than 1024 characters",
+    "r_version: control character",
+    "r_arch: not a string or null",
+    "r_arch: longer than 1024 characters",
+    "r_arch: control character",
+    "r_os: not a string or null",
+    "r_os: longer than 1024 characters",
+    "r_os: control character",
+    "package: not a string or null",
+    "package: longer than 1024 characters",
+    "package: control character",
+    "version: not a string or null",
+    "version: longer than 1024 characters",
+    "version: control character",
+    "country: not a string or null",
+    "country: longer than 1024 characters",
+    "country: control character",
+    "ip_id: missing",
+    "ip_id: not an integer",
+    "ip_id: less than 1",
+    TOO_MANY_DAYS,
+];
 
 /// What one body may hold (tiny/codec.py's MAX_DAYS and MAX_REJECTS by default).
 #[derive(Debug, Clone, Copy)]
@@ -107,7 +148,7 @@ pub fn encode(body: &[u8], limits: Limits) -> Encoded {
         if line.first().is_none_or(|&b| b == b' ' || b == b'\t' || b == b'\r') && blank(line) {
             continue;
         }
-        match parse_record(line, &mut fields, &mut key_buf) {
+        match parse_line(line, &mut fields, &mut key_buf) {
             // The scanner accepts only valid UTF-8 (see json.rs), so UTF-8 is only in doubt
             // for a line it refused: orjson refuses every line that is not valid UTF-8.
             Parsed::Invalid if std::str::from_utf8(line).is_err() => rejects.push(refuse("invalid UTF-8")),
@@ -196,6 +237,7 @@ mod tests {
         assert_eq!(enc.days[1].1, b"\"2014-05-05\",\"00:50:55\",2,NA,NA,NA,NA,NA,NA,2\n");
         let reasons: Vec<_> = enc.rejects.iter().map(|r| (r.line, r.reason)).collect();
         assert_eq!(reasons, [(5, "not a JSON object"), (7, "invalid JSON"), (8, "invalid UTF-8")]);
+        assert!(reasons.iter().all(|(_, reason)| REASONS.contains(reason)));
         let raw = &enc.rejects[1];
         assert_eq!(&bytes[raw.start..raw.end], format!("{A},").as_bytes());
     }

@@ -1,4 +1,4 @@
-//! The fast path of [`crate::json::parse_record`] for the usual line: a compact flat object
+//! The fast path of the line scanner ([`parse_line`]) for the usual line: a compact flat object
 //! (`{"key":value,...}`, no whitespace), pure ASCII, no backslash, no control character, at
 //! most [`MAX_LINE`] bytes, values that are strings, numbers, true, false or null.
 //!
@@ -15,11 +15,11 @@
 //! field differently, which the checks below rule out: every byte of an accepted line is
 //! covered, contiguously from `{` to the final `}`.
 
-use crate::json::{at, key_slot, literal, scan_number, Field, Parsed};
+use crate::json::{at, key_slot, literal, parse_record, scan_number, Field, Parsed};
 use crate::runs::quotes_and_specials;
 
 /// Longest line the fast path takes (its quote bitmap lives on the stack).
-pub const MAX_LINE: usize = 512;
+pub(crate) const MAX_LINE: usize = 512;
 
 /// The positions of the quotes, in order, popped off the bitmap.
 struct Quotes<'a> {
@@ -41,9 +41,18 @@ impl Quotes<'_> {
     }
 }
 
+/// Parse one line: the fast path when it takes the line, else the general scanner
+/// ([`crate::json::parse_record`]), with the same result either way.
+pub(crate) fn parse_line(s: &[u8], fields: &mut [Field; 10], key_buf: &mut Vec<u8>) -> Parsed {
+    match parse_compact(s, fields) {
+        Some(parsed) => parsed,
+        None => parse_record(s, fields, key_buf),
+    }
+}
+
 /// Parse a compact line, or None to leave it to the general scanner.
 #[inline]
-pub fn parse_compact(s: &[u8], fields: &mut [Field; 10]) -> Option<Parsed> {
+pub(crate) fn parse_compact(s: &[u8], fields: &mut [Field; 10]) -> Option<Parsed> {
     if s.len() > MAX_LINE || s.first() != Some(&b'{') || s.get(1) == Some(&b'}') {
         return None;
     }
@@ -114,13 +123,12 @@ pub fn parse_compact(s: &[u8], fields: &mut [Field; 10]) -> Option<Parsed> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::json::parse_general;
 
     fn both(line: &[u8]) -> (Option<Parsed>, [Field; 10], Parsed, [Field; 10]) {
         let mut fast = [Field::Other; 10];
         let quick = parse_compact(line, &mut fast);
         let mut general = [Field::Other; 10];
-        let parsed = parse_general(line, &mut general, &mut Vec::new());
+        let parsed = parse_record(line, &mut general, &mut Vec::new());
         (quick, fast, parsed, general)
     }
 

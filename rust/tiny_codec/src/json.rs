@@ -24,21 +24,21 @@
 use crate::runs::{digit_run, string_run};
 
 /// orjson's nesting limit: 1024 open arrays/objects are fine, 1025 are an error.
-pub const MAX_DEPTH: usize = 1024;
+pub(crate) const MAX_DEPTH: usize = 1024;
 
 /// The record's columns, in CSV order; [`Field`] slots use the same indices.
-pub const COLUMNS: [&str; 10] =
+pub(crate) const COLUMNS: [&str; 10] =
     ["date", "time", "size", "r_version", "r_arch", "r_os", "package", "version", "country", "ip_id"];
 
 /// The line is not JSON (as orjson sees it). Carries no detail: clients only see "invalid JSON".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Invalid;
+pub(crate) struct Invalid;
 
 type Scan<T> = Result<T, Invalid>;
 
 /// What a known key's (last) value was, as far as the record checks care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Field {
+pub(crate) enum Field {
     /// Key absent, or `null` (the reference treats both as missing).
     Missing,
     /// A string; `start..end` is its raw body between the quotes. Without escapes the raw
@@ -53,7 +53,7 @@ pub enum Field {
 
 /// How a line parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Parsed {
+pub(crate) enum Parsed {
     /// A JSON object; the known keys' values are in the field slots.
     Object,
     /// Valid JSON, but not an object.
@@ -72,7 +72,7 @@ pub(crate) fn at(s: &[u8], i: usize) -> u8 {
 }
 
 #[inline(always)]
-pub fn skip_ws(s: &[u8], mut i: usize) -> usize {
+pub(crate) fn skip_ws(s: &[u8], mut i: usize) -> usize {
     while let Some(&b) = s.get(i) {
         if b == b' ' || b == b'\t' || b == b'\r' || b == b'\n' {
             i += 1;
@@ -99,7 +99,7 @@ fn skip_non_ascii(s: &[u8], i: usize) -> Scan<usize> {
 /// Scan a string body; `i` is just after the opening quote. Returns the index of the
 /// closing quote and whether the body has escapes. Validates escapes and surrogates.
 #[inline]
-pub fn scan_string(s: &[u8], mut i: usize) -> Scan<(usize, bool)> {
+pub(crate) fn scan_string(s: &[u8], mut i: usize) -> Scan<(usize, bool)> {
     let mut escaped = false;
     loop {
         i = string_run(s, i);
@@ -156,7 +156,7 @@ fn hex4(s: &[u8], i: usize) -> Scan<u32> {
 
 /// Append the decoded text of a string body already accepted by [`scan_string`] to `out`
 /// (UTF-8). Never panics: on input that did not pass [`scan_string`] it just stops early.
-pub fn decode_string(raw: &[u8], out: &mut Vec<u8>) {
+pub(crate) fn decode_string(raw: &[u8], out: &mut Vec<u8>) {
     let mut i = 0;
     while i < raw.len() {
         // Copy the run up to the next backslash in one go.
@@ -202,7 +202,7 @@ pub fn decode_string(raw: &[u8], out: &mut Vec<u8>) {
 /// digits are `str(abs(value))`, zero is the digit "0", and the range is a length and
 /// lexicographic comparison.
 #[inline(always)]
-pub fn scan_number(s: &[u8], mut i: usize) -> Scan<(usize, Option<bool>)> {
+pub(crate) fn scan_number(s: &[u8], mut i: usize) -> Scan<(usize, Option<bool>)> {
     let start = i;
     let negative = at(s, i) == b'-';
     if negative {
@@ -290,7 +290,7 @@ fn skip_scalar(s: &[u8], i: usize) -> Scan<usize> {
 
 /// Skip (and validate) one value starting at `i` (not whitespace), which sits inside
 /// `depth` already open containers. Returns the index after it.
-pub fn skip_value(s: &[u8], i: usize, depth: usize) -> Scan<usize> {
+pub(crate) fn skip_value(s: &[u8], i: usize, depth: usize) -> Scan<usize> {
     match at(s, i) {
         b'[' | b'{' => skip_container(s, i, depth),
         _ => skip_scalar(s, i),
@@ -423,7 +423,7 @@ static KEY_TABLE: [KeyEntry; 16] = {
 
 /// Which field slot a (decoded) key fills, if it is one of the ten columns.
 #[inline]
-pub fn key_slot(key: &[u8]) -> Option<usize> {
+pub(crate) fn key_slot(key: &[u8]) -> Option<usize> {
     let word = key_word(key)?;
     let entry = &KEY_TABLE[(word.wrapping_mul(KEY_HASH) >> 60) as usize];
     let first_ok = key.len() != 9 || key.first() == Some(&b'r');
@@ -464,18 +464,11 @@ fn field_value(s: &[u8], i: usize, field: &mut Field) -> Scan<usize> {
     }
 }
 
-/// Parse one line: validate all of it as JSON and, when it is an object, fill `fields`
-/// with its known keys' values (the last of duplicates wins, like a Python dict).
-/// `key_buf` is scratch space for keys written with escapes.
-pub fn parse_record(s: &[u8], fields: &mut [Field; 10], key_buf: &mut Vec<u8>) -> Parsed {
-    match crate::fast::parse_compact(s, fields) {
-        Some(parsed) => parsed,
-        None => parse_general(s, fields, key_buf),
-    }
-}
-
-/// [`parse_record`] without the fast path: any line.
-pub(crate) fn parse_general(s: &[u8], fields: &mut [Field; 10], key_buf: &mut Vec<u8>) -> Parsed {
+/// Parse one line, any line: validate all of it as JSON and, when it is an object, fill
+/// `fields` with its known keys' values (the last of duplicates wins, like a Python dict).
+/// `key_buf` is scratch space for keys written with escapes. ([`crate::fast::parse_line`]
+/// tries its fast path first.)
+pub(crate) fn parse_record(s: &[u8], fields: &mut [Field; 10], key_buf: &mut Vec<u8>) -> Parsed {
     *fields = [Field::Missing; 10];
     let i = skip_ws(s, 0);
     if at(s, i) != b'{' {

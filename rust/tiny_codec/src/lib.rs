@@ -17,10 +17,10 @@
 //! for all of the scanning and only builds Python objects at the end.
 
 pub mod batch;
-pub mod fast;
-pub mod json;
-pub mod record;
-pub mod runs;
+mod fast;
+mod json;
+mod record;
+mod runs;
 
 #[cfg(feature = "python")]
 mod python {
@@ -51,11 +51,22 @@ mod python {
     }
 
     /// `tiny._codec`: maturin names the shared library after the last part of the
-    /// module-name in pyproject.toml, and Python looks for `PyInit__codec` in it.
+    /// module-name in pyproject.toml, and Python looks for `PyInit__codec` in it. Besides
+    /// `encode`, it says what it is: its version, the hash of the sources it was built from
+    /// (`BUILD_ID`, build.rs: tiny.codec compares it with the checkout's), and its limits,
+    /// columns and reasons, which tiny.codec holds equal to its own at import.
     #[pymodule]
     #[pyo3(name = "_codec")]
     fn codec_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(encode, m)?)?;
+        let limits = crate::batch::Limits::default();
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("BUILD_ID", env!("TINY_CODEC_SOURCE_HASH"))?;
+        m.add("MAX_DAYS", limits.max_days)?;
+        m.add("MAX_REJECTS", limits.max_rejects)?;
+        m.add("MAX_STRING", crate::record::MAX_STRING)?;
+        m.add("COLUMNS", crate::json::COLUMNS.to_vec())?;
+        m.add("REASONS", crate::batch::REASONS.to_vec())?;
         Ok(())
     }
 }

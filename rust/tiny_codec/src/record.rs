@@ -1,4 +1,4 @@
-//! The record rules of tiny/codec.py's `encode_record`, and the CSV row they produce.
+//! The record rules of tiny/codec.py's `record_row`, and the CSV row they produce.
 //!
 //! Fields are checked in column order and the first failure is the reason; the row is
 //! written while checking and cut back by the caller's `out.truncate` on failure.
@@ -6,7 +6,7 @@
 use crate::json::Field;
 
 /// Strings longer than this many characters (code points) are refused.
-pub const MAX_STRING: usize = 1024;
+pub(crate) const MAX_STRING: usize = 1024;
 
 /// The reasons of the six string fields, in column order: not a string, too long, control.
 macro_rules! string_reasons {
@@ -22,7 +22,7 @@ const STRING_REASONS: [[&str; 3]; 6] = string_reasons!("r_version", "r_arch", "r
 
 /// `[0-9]{4}-[0-9]{2}-[0-9]{2}` naming a real Gregorian date in years 1..=9999 (Python's
 /// `datetime.date` rules). Returns it as the number YYYYMMDD (a cheap key for grouping).
-pub fn check_date(text: &[u8]) -> Option<u32> {
+pub(crate) fn check_date(text: &[u8]) -> Option<u32> {
     let d: &[u8; 10] = text.try_into().ok()?;
     let digit = |k: usize| if d[k].is_ascii_digit() { Some((d[k] - b'0') as u32) } else { None };
     if d[4] != b'-' || d[7] != b'-' {
@@ -43,7 +43,7 @@ pub fn check_date(text: &[u8]) -> Option<u32> {
 }
 
 /// The `YYYY-MM-DD` text of a [`check_date`] number.
-pub fn day_text(yyyymmdd: u32) -> [u8; 10] {
+pub(crate) fn day_text(yyyymmdd: u32) -> [u8; 10] {
     let digit = |value: u32| b'0' + (value % 10) as u8;
     let (y, m, d) = (yyyymmdd / 10000, yyyymmdd / 100 % 100, yyyymmdd % 100);
     [
@@ -61,7 +61,7 @@ pub fn day_text(yyyymmdd: u32) -> [u8; 10] {
 }
 
 /// `([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]`, nothing more.
-pub fn check_time(text: &[u8]) -> bool {
+pub(crate) fn check_time(text: &[u8]) -> bool {
     let Ok(t) = <[u8; 8]>::try_from(text) else { return false };
     let hour_ok = match t[0] {
         b'0' | b'1' => t[1].is_ascii_digit(),
@@ -79,7 +79,7 @@ pub fn check_time(text: &[u8]) -> bool {
 
 /// Number of Unicode code points in valid UTF-8: every byte that is not a continuation.
 #[inline]
-pub fn code_points(text: &[u8]) -> usize {
+pub(crate) fn code_points(text: &[u8]) -> usize {
     text.iter().filter(|&&b| b & 0xC0 != 0x80).count()
 }
 
@@ -103,7 +103,7 @@ fn text<'a>(line: &'a [u8], start: usize, end: usize, escaped: bool, scratch: &'
 /// indexed stores, and short strings are copied as one fixed 16-byte block (the bytes past
 /// the string are overwritten by what follows) instead of a `memcpy` call per field.
 #[derive(Debug, Default)]
-pub struct Rows {
+pub(crate) struct Rows {
     buf: Vec<u8>,
     len: usize,
 }
@@ -112,7 +112,7 @@ pub struct Rows {
 /// commas, two 20-digit integers and the date and time take under 100 bytes, and each
 /// string's text is at most its raw JSON length, at most doubled by quote doubling.
 #[inline]
-pub fn row_bound(line_len: usize) -> usize {
+pub(crate) fn row_bound(line_len: usize) -> usize {
     2 * line_len + 128
 }
 
@@ -123,10 +123,6 @@ impl Rows {
 
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     pub fn as_slice(&self) -> &[u8] {
@@ -213,7 +209,7 @@ fn integer(
 /// `src` is `line` followed by whatever follows it in the body (the next lines): field
 /// offsets index both, and short unescaped texts are copied from `src` as 16-byte blocks,
 /// which then works for the fields at the end of a line too.
-pub fn encode_fields(
+pub(crate) fn encode_fields(
     line: &[u8],
     src: &[u8],
     fields: &[Field; 10],

@@ -20,7 +20,7 @@ fn string_stop(b: u8) -> bool {
 
 /// Index of the first byte at or after `i` that ends a plain string run, or `s.len()`.
 #[inline(always)]
-pub fn string_run(s: &[u8], mut i: usize) -> usize {
+pub(crate) fn string_run(s: &[u8], mut i: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
     while let Some(chunk) = chunk16(s, i) {
         let mask = sse2::string_stops(chunk);
@@ -40,7 +40,7 @@ pub fn string_run(s: &[u8], mut i: usize) -> usize {
 
 /// Index of the first byte at or after `i` that is not an ASCII digit, or `s.len()`.
 #[inline(always)]
-pub fn digit_run(s: &[u8], mut i: usize) -> usize {
+pub(crate) fn digit_run(s: &[u8], mut i: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
     while let Some(chunk) = chunk16(s, i) {
         let mask = sse2::non_digits(chunk);
@@ -61,7 +61,7 @@ pub fn digit_run(s: &[u8], mut i: usize) -> usize {
 /// For 16 bytes: bit k of the first mask is set when byte k is `"`; the second is nonzero
 /// when any byte is `\\`, a control character or non-ASCII (a "special" byte).
 #[inline(always)]
-pub fn quotes_and_specials(chunk: &[u8; 16]) -> (u32, u32) {
+pub(crate) fn quotes_and_specials(chunk: &[u8; 16]) -> (u32, u32) {
     #[cfg(target_arch = "x86_64")]
     return sse2::quotes_and_specials(chunk);
     #[cfg(not(target_arch = "x86_64"))]

@@ -1,0 +1,31 @@
+"""tiny.httpserver against the Tornado it copies from: the copies are of the source they say."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+
+import tornado
+from tornado.http1connection import HTTP1Connection, HTTP1ServerConnection
+
+from tiny import httpserver
+
+# sha256 of the upstream methods' source in Tornado 6.6.1, the version the copies were made from.
+UPSTREAM = {
+    "HTTP1Connection._read_chunked_body": "bb6888d2ff152ee940219729ba4f28724ff30ba775e77fa581ba26b868aab957",
+    "HTTP1ServerConnection._server_request_loop": "878caf064d85d615c371d09ed9068eaaadfda25e70a8e9a35cb92996d0a7e539",
+}
+
+
+def test_the_copied_tornado_methods_are_unchanged_upstream() -> None:
+    """Fails when Tornado's own methods differ from those the copies were made from: compare
+    tiny/httpserver.py's _Connection and _ServerConnection with them before bumping the pin."""
+    found = {
+        method.__qualname__: hashlib.sha256(inspect.getsource(method).encode()).hexdigest()
+        for method in (HTTP1Connection._read_chunked_body, HTTP1ServerConnection._server_request_loop)
+    }
+    assert found == UPSTREAM
+
+
+def test_the_installed_tornado_is_one_the_copies_were_checked_against() -> None:
+    assert tornado.version in httpserver.CHECKED_TORNADO
