@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
+import os
 import threading
 import time
 import uuid
@@ -12,6 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
+
+from tiny.codec import encode_reference
 from tiny.testing import (  # noqa: F401  (re-exported for the tests)
     ROOT,
     SAMPLE_DAY,
@@ -202,3 +206,99 @@ class Load:
             "lost": lost,
             "torn": 0,
         }
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.split(")")[1].split()[0] != "Z"
+
+
+def wait_for(predicate: object, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def body_of(batch: int, size: int = 20, days: tuple[str, ...] = ("2014-05-04",)) -> bytes:
+    """A batch of ``size`` records per day of ``days``, ip_ids unique to it, and one invalid line."""
+    lines = [
+        orjson.dumps(record(date=day, ip_id=batch * 1000 + d * 100 + i + 1))
+        for d, day in enumerate(days)
+        for i in range(size)
+    ]
+    return b"\n".join([*lines, b"not json"]) + b"\n"
+
+
+def key(batch: int) -> dict[str, str]:
+    return {"Idempotency-Key": f"batch-{batch}"}
+
+
+def assert_exactly_once(data: Path, bodies: dict[int, bytes]) -> None:
+    """Every batch's rows on disk once, contiguous and in order, per day; nothing else.
+
+    Linear in the rows: each row is unique (its ip_id names its batch), so a batch is on disk
+    once and whole when its first row is there and the rows after it are the batch's own, and
+    the day holds no more rows than the batches."""
+    expected: dict[str, list[bytes]] = {}
+    for body in bodies.values():
+        for day, rows in encode_reference(body).days.items():
+            expected.setdefault(day, []).append(rows)
+    for day, batches in expected.items():
+        on_disk = rows_of(data / f"{day}.csv")[1:]
+        assert len(on_disk) == sum(rows.count(b"\n") for rows in batches), f"{day}: rows missing or twice"
+        where = {row: number for number, row in enumerate(on_disk)}
+        assert len(where) == len(on_disk), f"{day}: a row is on disk twice"
+        for rows in batches:
+            lines = rows.splitlines(keepends=True)
+            start = where.get(lines[0])
+            assert start is not None and on_disk[start : start + len(lines)] == lines, f"{day}: a batch is not whole"
+
+
+def post_until_200(port: int, body: bytes, headers: dict[str, str], deadline: float) -> int:
+    """POST until a 200 (no answer, 502 or 503: send again, the same key); the attempts."""
+    attempts = 0
+    while time.monotonic() < deadline:
+        attempts += 1
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("POST", "/ingest", body, headers)
+            response = conn.getresponse()
+            response.read()
+            conn.close()
+            if response.status == 200:
+                return attempts
+            assert response.status in (502, 503), response.status
+        except (OSError, http.client.HTTPException):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("a batch never got its 200")
+
+
+def keyed_clients(port: int, clients: int, enough: threading.Event, timeout: float = 120) -> dict[int, int]:
+    """``clients`` threads post numbered batches (two days each) with keys, each until it is
+    acknowledged, and take no new batch once ``enough`` is set; the attempts per batch."""
+    attempts: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+    numbers = iter(range(10**6))
+    lock = threading.Lock()
+
+    def client() -> None:
+        while not enough.is_set():
+            with lock:
+                batch = next(numbers)
+            days = ("2014-05-04", "2014-05-05")
+            attempts[batch] = post_until_200(port, body_of(batch, days=days), key(batch), deadline)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 15)
+    return attempts

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, Server
-from tests.test_idempotency import assert_exactly_once, body_of, key
-from tests.test_workers import wait_for
+from tests.support import ROOT, Server, assert_exactly_once, body_of, key, wait_for
 from tiny import layout
 from tiny.testing import server_env
 

@@ -21,8 +21,7 @@ import orjson
 import pytest
 
 from tests.conftest import SCALE
-from tests.support import Load, Server, record
-from tests.test_workers import alive, wait_for
+from tests.support import Load, Server, alive, record, wait_for
 
 pytestmark = pytest.mark.reliability  # `make reliability` runs these longer
 

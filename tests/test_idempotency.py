@@ -1,5 +1,8 @@
 """Exactly-once batches: the Idempotency-Key contract of /ingest, across processes, restarts and kill -9.
 
+The contract's answers in-process (tiny.testing.InProcessServer); what needs processes,
+restarts or kill -9 with subprocess servers.
+
 Every batch here is traceable: its rows carry unique ip_ids, so a day file shows whether
 each batch is there exactly once, whole and in order.
 """
@@ -18,49 +21,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.support import Server, record, rows_of
-from tiny.codec import encode_reference
+from tests.support import Server, assert_exactly_once, body_of, key, keyed_clients, rows_of
+from tiny.testing import InProcessServer
 
 pytestmark = pytest.mark.hardening("exactly once: no batch could be retried safely")
 
 
-def body_of(batch: int, size: int = 20, days: tuple[str, ...] = ("2014-05-04",)) -> bytes:
-    """A batch of ``size`` records per day of ``days``, ip_ids unique to it, and one invalid line."""
-    lines = [
-        orjson.dumps(record(date=day, ip_id=batch * 1000 + d * 100 + i + 1))
-        for d, day in enumerate(days)
-        for i in range(size)
-    ]
-    return b"\n".join([*lines, b"not json"]) + b"\n"
-
-
-def key(batch: int) -> dict[str, str]:
-    return {"Idempotency-Key": f"batch-{batch}"}
-
-
-def assert_exactly_once(data: Path, bodies: dict[int, bytes]) -> None:
-    """Every batch's rows on disk once, contiguous and in order, per day; nothing else.
-
-    Linear in the rows: each row is unique (its ip_id names its batch), so a batch is on disk
-    once and whole when its first row is there and the rows after it are the batch's own, and
-    the day holds no more rows than the batches."""
-    expected: dict[str, list[bytes]] = {}
-    for body in bodies.values():
-        for day, rows in encode_reference(body).days.items():
-            expected.setdefault(day, []).append(rows)
-    for day, batches in expected.items():
-        on_disk = rows_of(data / f"{day}.csv")[1:]
-        assert len(on_disk) == sum(rows.count(b"\n") for rows in batches), f"{day}: rows missing or twice"
-        where = {row: number for number, row in enumerate(on_disk)}
-        assert len(where) == len(on_disk), f"{day}: a row is on disk twice"
-        for rows in batches:
-            lines = rows.splitlines(keepends=True)
-            start = where.get(lines[0])
-            assert start is not None and on_disk[start : start + len(lines)] == lines, f"{day}: a batch is not whole"
-
-
 def test_the_same_key_and_body_again_replays_the_answer_and_writes_nothing(tmp_path: Path) -> None:
-    with Server(tmp_path / "data") as server:
+    with InProcessServer(tmp_path / "data") as server:
         first = server.ingest(body_of(1), key(1))
         again = server.ingest(body_of(1), key(1))
     assert first.status == again.status == 200
@@ -72,7 +40,7 @@ def test_the_same_key_and_body_again_replays_the_answer_and_writes_nothing(tmp_p
 
 
 def test_the_same_key_with_another_body_gets_422_and_writes_nothing(tmp_path: Path) -> None:
-    with Server(tmp_path / "data") as server:
+    with InProcessServer(tmp_path / "data") as server:
         assert server.ingest(body_of(1), key(1)).status == 200
         other = server.ingest(body_of(2), key(1))
     assert other.status == 422 and other.json()["error"]["status"] == 422
@@ -83,27 +51,16 @@ def test_the_same_body_gzipped_is_the_same_body(tmp_path: Path) -> None:
     """The digest is of the decompressed body: a retry may compress it, or not."""
     import gzip
 
-    with Server(tmp_path / "data") as server:
+    with InProcessServer(tmp_path / "data") as server:
         assert server.ingest(body_of(1), key(1)).status == 200
         packed = server.ingest(gzip.compress(body_of(1)), {**key(1), "Content-Encoding": "gzip"})
     assert packed.status == 200 and packed.headers["idempotent-replayed"] == "true"
 
 
-@pytest.mark.parametrize("value", ["", " ", "x" * 256, "with space", "é", "tab\there", '""'])
-def test_a_key_must_be_1_to_255_visible_ascii_characters(tmp_path: Path, value: str) -> None:
-    with Server(tmp_path / "data") as server:
-        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-        conn.putrequest("POST", "/ingest")
-        conn.putheader("Idempotency-Key", value.encode("utf-8"))
-        conn.putheader("Content-Length", "0")
-        conn.endheaders()
-        response = conn.getresponse()
-        assert response.status == 400, response.read()
-        conn.close()
-
-
-def test_keys_of_255_characters_and_quoted_keys_are_accepted(tmp_path: Path) -> None:
-    with Server(tmp_path / "data") as server:
+def test_a_malformed_key_is_refused_and_a_quoted_one_is_the_same_key(tmp_path: Path) -> None:
+    """The key's syntax, over HTTP (each rule of it: tests/test_rules.py)."""
+    with InProcessServer(tmp_path / "data") as server:
+        assert server.ingest(body_of(1), {"Idempotency-Key": "with space"}).status == 400
         assert server.ingest(body_of(1), {"Idempotency-Key": "~" * 255}).status == 200
         assert server.ingest(body_of(2), {"Idempotency-Key": '"quoted"'}).status == 200
         again = server.ingest(body_of(2), {"Idempotency-Key": "quoted"})  # the same key, unquoted
@@ -113,7 +70,7 @@ def test_keys_of_255_characters_and_quoted_keys_are_accepted(tmp_path: Path) -> 
 def test_a_503_stores_nothing_and_the_retry_is_processed_afresh(tmp_path: Path) -> None:
     data = tmp_path / "data"
     (data / "2014-05-04.csv").mkdir(parents=True)  # the disk refuses this day's file
-    with Server(data) as server:
+    with InProcessServer(data) as server:
         assert server.ingest(body_of(1), key(1)).status == 503
         (data / "2014-05-04.csv").rmdir()
         retried = server.ingest(body_of(1), key(1))
@@ -131,7 +88,7 @@ def test_a_restart_keeps_the_keys(tmp_path: Path) -> None:
 
 
 def test_a_retry_after_the_window_is_processed_as_new(tmp_path: Path) -> None:
-    with Server(tmp_path / "data", "--idempotency-window", "1") as server:
+    with InProcessServer(tmp_path / "data", "--idempotency-window", "1") as server:
         assert server.ingest(body_of(1), key(1)).status == 200
         time.sleep(1.5)
         late = server.ingest(body_of(1), key(1))
@@ -140,6 +97,7 @@ def test_a_retry_after_the_window_is_processed_as_new(tmp_path: Path) -> None:
 
 
 def test_past_max_keys_the_oldest_keys_go_first(tmp_path: Path) -> None:
+    """(A server of its own: its metrics are its process's.)"""
     with Server(tmp_path / "data", "--idempotency-max-keys", "256") as server:
         for batch in range(260):
             assert server.ingest(body_of(batch, size=1), key(batch)).status == 200
@@ -152,6 +110,7 @@ def test_past_max_keys_the_oldest_keys_go_first(tmp_path: Path) -> None:
 
 
 def test_metrics_count_replays_conflicts_and_keys(tmp_path: Path) -> None:
+    """(A server of its own: its metrics are its process's.)"""
     with Server(tmp_path / "data") as server:
         server.ingest(body_of(1), key(1))
         server.ingest(body_of(1), key(1))
@@ -163,7 +122,9 @@ def test_metrics_count_replays_conflicts_and_keys(tmp_path: Path) -> None:
 
 
 def test_two_processes_receiving_the_same_key_at_once_write_one_copy(tmp_path: Path) -> None:
-    """20 connections send the same keyed batch at the same moment; both workers get some."""
+    """20 keep-alive connections send the same keyed batch at the same moment; each first asks
+    /healthz which worker it talks to, and both workers get some."""
+    workers: set[int] = set()
     with Server(tmp_path / "data", processes=2) as server:
         for batch in range(5):
             barrier = threading.Barrier(20)
@@ -175,6 +136,8 @@ def test_two_processes_receiving_the_same_key_at_once_write_one_copy(tmp_path: P
                 answers: list[tuple[int, bool, bytes]] = answers,
             ) -> None:
                 conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+                conn.request("GET", "/healthz")
+                workers.add(orjson.loads(conn.getresponse().read())["pid"])
                 barrier.wait()
                 conn.request("POST", "/ingest", body_of(batch), key(batch))
                 response = conn.getresponse()
@@ -189,50 +152,8 @@ def test_two_processes_receiving_the_same_key_at_once_write_one_copy(tmp_path: P
             assert [status for status, _, _ in answers] == [200] * 20
             assert sum(not replayed for _, replayed, _ in answers) == 1  # one wrote, 19 replayed its answer
             assert len({body for _, _, body in answers}) == 1
+    assert len(workers) == 2
     assert_exactly_once(tmp_path / "data", {batch: body_of(batch) for batch in range(5)})
-
-
-def _post_until_200(port: int, body: bytes, headers: dict[str, str], deadline: float) -> int:
-    """POST until a 200 (no answer, 502 or 503: send again, the same key); the attempts."""
-    attempts = 0
-    while time.monotonic() < deadline:
-        attempts += 1
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            conn.request("POST", "/ingest", body, headers)
-            response = conn.getresponse()
-            response.read()
-            conn.close()
-            if response.status == 200:
-                return attempts
-            assert response.status in (502, 503), response.status
-        except (OSError, http.client.HTTPException):
-            pass
-        time.sleep(0.05)
-    raise AssertionError("a batch never got its 200")
-
-
-def _clients(port: int, clients: int, enough: threading.Event, timeout: float = 120) -> dict[int, int]:
-    """``clients`` threads post numbered batches (two days each) with keys, each until it is
-    acknowledged, and take no new batch once ``enough`` is set; the attempts per batch."""
-    attempts: dict[int, int] = {}
-    deadline = time.monotonic() + timeout
-    numbers = iter(range(10**6))
-    lock = threading.Lock()
-
-    def client() -> None:
-        while not enough.is_set():
-            with lock:
-                batch = next(numbers)
-            days = ("2014-05-04", "2014-05-05")
-            attempts[batch] = _post_until_200(port, body_of(batch, days=days), key(batch), deadline)
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout + 15)
-    return attempts
 
 
 @pytest.mark.parametrize(
@@ -258,7 +179,7 @@ def test_kill9_inside_the_flush_then_retries_leave_every_batch_exactly_once(
     env = {"TINY_CRASH_AT": f"{point}:0.2", "TINY_DURABILITY": durability}
     with Server(data, processes=2, env=env) as server:
         threading.Timer(3.0, enough.set).start()
-        attempts = _clients(server.port, clients=4, enough=enough)
+        attempts = keyed_clients(server.port, clients=4, enough=enough)
         crashes = server.log().count("crash test: killing this process")
     figures.update(
         case=f"kill -9 {point} (1 flush in 5) for 3 s, durability {durability}",
@@ -294,7 +215,7 @@ def test_kill9_of_workers_at_random_moments_leaves_every_batch_exactly_once(
         thread = threading.Thread(target=killer)
         thread.start()
         try:
-            attempts = _clients(server.port, clients=4, enough=enough)
+            attempts = keyed_clients(server.port, clients=4, enough=enough)
         finally:
             enough.set()
             thread.join(5)
@@ -329,7 +250,7 @@ def test_one_key_sent_with_two_bodies_at_once_keeps_the_written_body_and_refuses
     and the other 422. The old tree got 105 of 300 pairs wrong: the written body's retry was
     refused with 422 and the unwritten one's answered 200."""
     pairs = 150
-    with Server(tmp_path / "data") as server:
+    with InProcessServer(tmp_path / "data") as server:
         for pair in range(pairs):
             bodies = [body_of(2 * pair, size=3), body_of(2 * pair + 1, size=3)]
             headers = {"Idempotency-Key": f"pair-{pair}"}
@@ -368,7 +289,7 @@ def test_one_key_sent_with_two_bodies_at_once_keeps_the_written_body_and_refuses
 
 def test_a_key_header_sent_twice_is_refused(tmp_path: Path) -> None:
     """Tornado joins the two into "a,b"; nginx 1.22 passed the first only: 400 on both routes now."""
-    with Server(tmp_path / "data") as server:
+    with InProcessServer(tmp_path / "data") as server:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
         conn.putrequest("POST", "/ingest")
         conn.putheader("Idempotency-Key", "a")
@@ -416,7 +337,7 @@ def test_a_second_body_with_the_first_ones_length_and_crc32_is_not_taken_for_it(
     first = body_of(1) + b"junk\n"
     second = _forge_crc32(body_of(2) + b"junk\n", len(body_of(2)), zlib.crc32(first))
     assert len(second) == len(first) and zlib.crc32(second) == zlib.crc32(first) and second != first
-    with Server(tmp_path / "data") as server:
+    with InProcessServer(tmp_path / "data") as server:
         assert server.ingest(first, key(1)).status == 200
         forged = server.ingest(second, key(1))
     assert forged.status == 422

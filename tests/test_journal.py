@@ -7,6 +7,7 @@ import os
 import shutil
 import sqlite3
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -62,19 +63,6 @@ def test_a_finished_flush_leaves_nothing_to_recover(tmp_path: Path) -> None:
         journal.finish()
         assert journal.recover() == 0
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n"
-
-
-def test_an_unfinished_flush_is_cut_back_to_the_sizes_it_recorded(tmp_path: Path) -> None:
-    (tmp_path / "d.csv").write_bytes(b"h\n1\n")
-    journal = opened(tmp_path)
-    with journal.locked():
-        journal.intend([Intent("d.csv", 4, 8, False), Intent("new.csv", 0, 4, True)])
-        (tmp_path / "d.csv").write_bytes(b"h\n1\n2\n3")  # killed mid-write
-        (tmp_path / "new.csv").write_bytes(b"h\n")
-    with journal.locked():
-        assert journal.recover() == 2
-        assert journal.recover() == 0  # and it was marked
-    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n" and not (tmp_path / "new.csv").exists()
 
 
 def test_an_intent_torn_while_written_is_dropped_and_cuts_nothing(tmp_path: Path) -> None:
@@ -384,3 +372,18 @@ def test_a_lock_held_elsewhere_bounds_even_the_open(tmp_path: Path) -> None:
             opened(tmp_path, lock_timeout=0.2)
     finally:
         os.close(holder)
+
+
+def test_an_intent_record_reads_back_and_a_torn_one_reads_as_none() -> None:
+    from tiny.journal import _parse_intent
+
+    payload = b'["k1",[["d.csv",4,9,0],["new.csv",0,5,1]],["k0",7,1.5]]'
+    record = b"I" + len(payload).to_bytes(4, "big") + zlib.crc32(payload).to_bytes(4, "big") + payload
+    first_key, intents, last = _parse_intent(record + b"older bytes")  # type: ignore[misc]
+    assert first_key == "k1" and last == ("k0", 7, 1.5)
+    assert intents == [Intent("d.csv", 4, 9, False), Intent("new.csv", 0, 5, True)]
+    assert _parse_intent(record[:-1]) is None  # torn
+    assert _parse_intent(record[:5] + b"\0\0\0\0" + payload) is None  # its CRC does not match
+    earlier = b'[null,[["d.csv",4,0]]]'  # the landed format: no size after, no last key
+    old = b"-" + len(earlier).to_bytes(4, "big") + zlib.crc32(earlier).to_bytes(4, "big") + earlier
+    assert _parse_intent(old) == (None, [Intent("d.csv", 4, None, False)], None)  # type: ignore[arg-type]

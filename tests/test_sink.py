@@ -47,16 +47,17 @@ def test_a_new_csv_file_starts_with_the_header_once(tmp_path: Path) -> None:
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n"
 
 
-def test_appends_waiting_for_a_flush_go_out_together_in_order(tmp_path: Path) -> None:
+def test_appends_queued_together_go_out_in_one_flush_in_order(tmp_path: Path) -> None:
     async def go() -> list[tuple[int, bool]]:
         sink, flushes = make(tmp_path)
+        # all 50 are queued before the flush task first runs: one group, one flush
         waiters = [sink.append({"d.csv": b"%d\n" % i, "rejects/r.ndjson": b"r%d\n" % i}) for i in range(50)]
         await asyncio.gather(*waiters)
         await sink.close()
         return flushes
 
     flushes = run(go())
-    assert len(flushes) < 50  # the first flush is alone, the 49 others wait and join one flush
+    assert len(flushes) == 1
     assert (tmp_path / "d.csv").read_bytes() == HEADER + b"".join(b"%d\n" % i for i in range(50))
     assert (tmp_path / "rejects" / "r.ndjson").read_bytes() == b"".join(b"r%d\n" % i for i in range(50))
 
@@ -74,6 +75,28 @@ def test_a_failed_flush_rolls_back_every_file_it_wrote(tmp_path: Path) -> None:
 
     run(go())
     assert (tmp_path / "a.csv").read_bytes() == b"h\nkept\n"
+
+
+def test_appends_that_arrive_while_a_flush_is_in_flight_go_out_together_in_the_next(tmp_path: Path) -> None:
+    """The first flush waits for the data dir's lock (held here); 49 appends arrive meanwhile
+    and go out together in the second: 2 flushes for 50 appends."""
+
+    async def go() -> list[tuple[int, bool]]:
+        sink, flushes = make(tmp_path)
+        await sink.append({"d.csv": b"0\n"})  # the journal is open, the file there
+        flushes.clear()
+        holder = os.open(layout.lock_path(tmp_path), os.O_RDWR)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        first = sink.append({"d.csv": b"1\n"})
+        await asyncio.sleep(0.1)  # its flush is on the sink thread, waiting for the lock
+        later = [sink.append({"d.csv": b"%d\n" % i}) for i in range(2, 51)]
+        os.close(holder)
+        await asyncio.gather(first, *later)
+        await sink.close()
+        return flushes
+
+    assert len(run(go())) == 2  # type: ignore[arg-type]
+    assert (tmp_path / "d.csv").read_bytes() == HEADER + b"".join(b"%d\n" % i for i in range(51))
 
 
 def test_backlog_over_the_limit_refuses_at_once(tmp_path: Path) -> None:
@@ -116,7 +139,7 @@ def test_one_appends_failure_never_fails_another_appends_write(tmp_path: Path) -
 
     async def go() -> list[object]:
         sink, _ = make(tmp_path)
-        blocker = sink.append({"a.csv": b"0\n"})  # the next three wait for this flush: one group
+        blocker = sink.append({"a.csv": b"0\n"})  # queued with the next three: one group, failing for b.csv
         group = [sink.append({"a.csv": b"1\n"}), sink.append({"b.csv": b"x\n"}), sink.append({"a.csv": b"2\n"})]
         await blocker
         results = await asyncio.gather(*group, return_exceptions=True)
@@ -154,7 +177,7 @@ def test_a_flush_opens_at_most_max_files_files(tmp_path: Path) -> None:
         return flushes
 
     flushes = run(go())
-    assert len(flushes) == 1 + 3  # 9 appends of 2 files (one shared): 3 + 3 + 3 appends per flush
+    assert len(flushes) == 4  # 10 appends queued at once, at most 4 files a flush: 3 + 3 + 3 + 1 appends
     assert (tmp_path / "r.ndjson").read_bytes() == b"r\n" * 9
 
 
@@ -227,7 +250,7 @@ def test_one_key_with_two_bodies_in_one_flush_the_first_append_decides(tmp_path:
 
     async def go() -> list[Stored | None]:
         sink, _ = make(tmp_path)
-        blocker = sink.append({"d.csv": b"0\n"})  # the next two wait for this flush: one group
+        blocker = sink.append({"d.csv": b"0\n"})  # queued with the next two: one group, one flush
         pair = [keyed(sink, "k", b"first\n"), keyed(sink, "k", b"second\n")]
         await blocker
         results = list(await asyncio.gather(*pair))
@@ -424,3 +447,16 @@ def test_a_refused_journal_answers_its_reason_and_is_picked_up_again_when_fixed(
     assert "journal.sqlite3 was deleted while the server ran" in reasons[0]
     assert after <= fds
     assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n1\n"
+
+
+def test_groups_keep_the_order_and_bound_files_and_appends_but_never_split_an_append() -> None:
+    from tiny.sink import _Append, _groups
+
+    def append(*names: str) -> _Append:
+        return _Append(dict.fromkeys(names, b""), None, 0, None)  # type: ignore[arg-type]
+
+    appends = [append("a"), append("b"), append("a", "c"), append("d", "e", "f", "g"), append("h")]
+    groups = _groups(appends, max_files=3, max_appends=2)
+    assert [[appends.index(a) for a in group] for group in groups] == [[0, 1], [2], [3], [4]]
+    same = [append("a") for _ in range(5)]
+    assert [len(group) for group in _groups(same, max_files=3, max_appends=2)] == [2, 2, 1]

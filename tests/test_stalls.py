@@ -19,9 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.support import ROOT, Server, record
-from tests.test_idempotency import _clients, assert_exactly_once, body_of
-from tests.test_workers import wait_for
+from tests.support import ROOT, Server, assert_exactly_once, body_of, keyed_clients, record, wait_for
 from tiny.heartbeat import Heartbeats
 
 pytestmark = pytest.mark.hardening("exactly once 2: a process holding the lock froze every writer of the data dir")
@@ -118,7 +116,7 @@ def test_a_worker_stopped_while_it_holds_the_lock_is_replaced_and_writing_resume
     enough = threading.Event()
     with Server(data, "--stall-timeout", "2", "--lock-timeout", "1", processes=2, env=env) as server:
         threading.Timer(8.0, enough.set).start()
-        attempts = _clients(server.port, clients=4, enough=enough, timeout=60)
+        attempts = keyed_clients(server.port, clients=4, enough=enough, timeout=60)
         log = server.log()
     stopped = _logged_at(log, "crash test: stopping this process after-writes")
     replaced = _logged_at(log, "stalled: its event loop has not run for")

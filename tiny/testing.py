@@ -345,3 +345,111 @@ class Server:
                 self.stop()
         finally:
             self.kill()
+
+
+class InProcessServer:
+    """One worker's app, built from its dependencies as tiny.worker builds them, served by its
+    HTTP server on 127.0.0.1 from an event loop on a thread of this process: the HTTP contract
+    over real sockets and real files, without a subprocess (tests that need processes,
+    signals or a crash use :class:`Server`). ``args`` are flags, parsed as the server's.
+
+    The same surface as :class:`Server`: ``port``, :meth:`request`, :meth:`ingest`, and a
+    context manager that stops it (the sink flushed and closed).
+    """
+
+    _metrics_dir: str | None = None  # this process's, set up once (tiny.metrics.setup)
+
+    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        from tiny import config
+
+        self.config = config.parse(["--data-dir", str(data_dir), "--processes", "1", *args], env or {})
+        self.port = 0
+        self._loop: Any = None
+        self._thread: Any = None
+        self._server: Any = None
+        self.deps: Any = None
+
+    def start(self) -> InProcessServer:
+        import asyncio
+        import threading
+
+        from tiny import metrics, worker
+        from tiny.journal import Journal
+
+        if InProcessServer._metrics_dir is None:
+            InProcessServer._metrics_dir = tempfile.mkdtemp(prefix="tiny-test-metrics-")
+            metrics.setup(InProcessServer._metrics_dir)
+        journal = Journal(self.config.data_dir, mode=self.config.journal_mode)
+        journal.open()  # as tiny.prefork does before any worker: the first journal of a data dir
+        journal.close()
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+            try:
+                sock = socket.socket()
+                sock.bind(("127.0.0.1", 0))
+                sock.listen(128)
+                sock.setblocking(False)
+                self.port = sock.getsockname()[1]
+                self.deps = worker.make_deps(self.config, self.port)
+                self._server = worker.make_server(self.deps)
+                self._server.add_sockets([sock])
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=serve, name="in-process-server", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        if failure:
+            raise failure[0]
+        return self
+
+    def call(self, make: Callable[[], Any], timeout: float = 30.0) -> Any:
+        """Run the coroutine ``make()`` on the server's loop and return its result."""
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(make(), self._loop).result(timeout)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> Response:
+        return request(self.port, method, path, body, headers, timeout)
+
+    def ingest(self, body: bytes, headers: dict[str, str] | None = None) -> Response:
+        return self.request("POST", "/ingest", body, headers)
+
+    def stop(self) -> None:
+        """Stop accepting, write what the sink holds, close every connection, end the loop."""
+        if self._loop is None:
+            return
+        server, deps = self._server, self.deps
+
+        async def close() -> None:
+            server.stop()
+            await deps.sink.close()
+            deps.analytics.close()
+            await server.close_all_connections()
+
+        self.call(close)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+        self._loop = None
+
+    def __enter__(self) -> InProcessServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -92,38 +92,50 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
     return sink
 
 
-async def _serve(
-    config: Config, sock: socket.socket, parent_pid: int | None, beat: tuple[Heartbeats, int] | None
-) -> int:
-    if config.crash_at.startswith("worker-start"):  # the crash tests' worker that dies as it starts
-        os.kill(os.getpid(), signal.SIGKILL)
-    loop = asyncio.get_running_loop()
+def make_deps(config: Config, port: int) -> Deps:
+    """Everything the handlers of one worker share, built from ``config``; the journal opened
+    (or, when it cannot be, the sink starting faulty: every write then gets 503 until it can)."""
     metrics = Metrics()
-    drain = Drain()
     sink = _sink(config, metrics)
     try:
         sink.open()
     except JournalError as exc:
         log.error("the journal cannot be used (every write gets 503 until it can): %s", exc)
-    deps = Deps(
+    return Deps(
         config=config,
         metrics=metrics,
         sink=sink,
         analytics=Analytics.from_config(config),
-        drain=drain,
+        drain=Drain(),
         rules=IngestRules(config.max_body, config.token),
-        instance=instance_name(sock.getsockname()[1]),
+        instance=instance_name(port),
         started=time.monotonic(),
     )
-    server = TinyHTTPServer(
+
+
+def make_server(deps: Deps) -> TinyHTTPServer:
+    """The HTTP server of one worker over the app of ``deps`` (no socket yet: add_sockets)."""
+    config = deps.config
+    return TinyHTTPServer(
         make_app(deps),
         max_body_size=limits.MAX_OTHER_BODY,  # /ingest lifts it: its rules hold --max-body
         idle_connection_timeout=config.idle_timeout,  # also bounds the time to send headers
         body_timeout=config.body_timeout,
         max_header_size=limits.HEADER_READ_LIMIT,
         max_connections=config.max_connections or descriptors.connection_limit(config, descriptors.sink_files(config)),
-        on_connections=metrics.connections.set,
+        on_connections=deps.metrics.connections.set,
     )
+
+
+async def _serve(
+    config: Config, sock: socket.socket, parent_pid: int | None, beat: tuple[Heartbeats, int] | None
+) -> int:
+    if config.crash_at.startswith("worker-start"):  # the crash tests' worker that dies as it starts
+        os.kill(os.getpid(), signal.SIGKILL)
+    loop = asyncio.get_running_loop()
+    deps = make_deps(config, sock.getsockname()[1])
+    sink, drain = deps.sink, deps.drain
+    server = make_server(deps)
     server.add_sockets([sock])
 
     stop = asyncio.Event()
