@@ -50,6 +50,7 @@ class Config:
     stall_timeout: float = limits.STALL_TIMEOUT
     new_journal: bool = False
     no_fork: bool = False
+    lean: bool = True  # the lean way into POST /ingest (tiny.handlers.lean); off: the handler only (benchmarks)
     crash_at: str = ""  # fault injection for the crash tests (tiny.sink); not in --help
     token_source: str = ""  # where the token came from: "file", "environment" or "command line"
 
@@ -232,6 +233,7 @@ _FLAGS: list[tuple[str, object, str | None]] = [
         "implied under kernprof); needs --processes 1",
     ),
     ("crash_at", _crash_point, None),
+    ("lean", _boolean, None),
 ]
 
 

@@ -88,9 +88,15 @@ class TinyHTTPServer(HTTPServer):
         *args: Any,
         max_connections: int,
         on_connections: Callable[[int], None] | None = None,
+        lean: Lean | None = None,
+        body_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
+        # Tornado would wrap every body read in a timer of its own (params.body_timeout); here
+        # each request gets one only when its body is still to come (see _Route).
         super().initialize(*args, **kwargs)
+        self.lean = lean
+        self.request_body_timeout = body_timeout
         self.max_connections = max_connections
         self.open_connections = 0
         self._on_connections = on_connections
@@ -141,6 +147,9 @@ class TinyHTTPServer(HTTPServer):
         io_loop.add_handler(sock, accept, IOLoop.READ)
         return remove
 
+    def start_request(self, server_conn: object, request_conn: httputil.HTTPConnection) -> httputil.HTTPMessageDelegate:
+        return _Route(self, server_conn, request_conn)
+
     def handle_stream(self, stream: iostream.IOStream, address: tuple[Any, ...]) -> None:
         if self.open_connections >= self.max_connections:
             self._refused.log(logging.WARNING, "%d connections open: closed a new one at once", self.open_connections)
@@ -160,6 +169,50 @@ class TinyHTTPServer(HTTPServer):
         self.open_connections += change
         if self._on_connections is not None:
             self._on_connections(self.open_connections)
+
+
+# A request's lean way in (tiny.handlers.lean.route): its delegate, or None for the app's.
+Lean = Callable[[httputil.RequestStartLine, httputil.HTTPHeaders, httputil.HTTPConnection], Any]
+
+
+class _Route(httputil.HTTPMessageDelegate):
+    """Hands a request, once its headers are in, to the lean way in when it takes it (which
+    sets its own body timeout), else to the application (its delegate made only then), with
+    the server's body timeout."""
+
+    __slots__ = ("_server", "_server_conn", "_connection", "_chosen")
+
+    def __init__(self, server: TinyHTTPServer, server_conn: object, connection: httputil.HTTPConnection) -> None:
+        self._server = server
+        self._server_conn = server_conn
+        self._connection = connection
+        self._chosen: httputil.HTTPMessageDelegate | None = None
+
+    def headers_received(
+        self, start_line: httputil.RequestStartLine | httputil.ResponseStartLine, headers: httputil.HTTPHeaders
+    ) -> Any:
+        assert isinstance(start_line, httputil.RequestStartLine)
+        if self._server.lean is not None:
+            lean = self._server.lean(start_line, headers, self._connection)
+            if lean is not None:
+                self._chosen = lean
+                return None
+        if self._server.request_body_timeout is not None:
+            self._connection.set_body_timeout(self._server.request_body_timeout)  # type: ignore[attr-defined]
+        self._chosen = HTTPServer.start_request(self._server, self._server_conn, self._connection)
+        return self._chosen.headers_received(start_line, headers)
+
+    def data_received(self, chunk: bytes) -> Any:
+        assert self._chosen is not None
+        return self._chosen.data_received(chunk)
+
+    def finish(self) -> None:
+        assert self._chosen is not None
+        self._chosen.finish()
+
+    def on_connection_close(self) -> None:
+        if self._chosen is not None:
+            self._chosen.on_connection_close()
 
 
 class _Connection(HTTP1Connection):

@@ -18,6 +18,7 @@ without waiting for it).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -28,6 +29,7 @@ from tiny import codec, descriptors, layout, limits
 from tiny.analytics.service import Analytics
 from tiny.config import Config
 from tiny.drain import Drain
+from tiny.handlers import lean
 from tiny.handlers.base import Deps, instance_name
 from tiny.handlers.rules import IngestRules
 from tiny.heartbeat import BEAT_SECONDS, Heartbeats
@@ -124,6 +126,7 @@ def make_server(deps: Deps) -> TinyHTTPServer:
         max_header_size=limits.HEADER_READ_LIMIT,
         max_connections=config.max_connections or descriptors.connection_limit(config, descriptors.sink_files(config)),
         on_connections=deps.metrics.connections.set,
+        lean=functools.partial(lean.route, deps) if config.lean else None,  # the usual POST /ingest
     )
 
 

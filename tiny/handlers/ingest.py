@@ -17,6 +17,75 @@ from tiny.profiling import profile
 from tiny.sink import BacklogFull, SinkError
 
 
+async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool]:
+    """One /ingest request once its whole body is in, whichever way it came (this handler, or
+    tiny.handlers.lean): decoded, encoded, written; returns the 200 answer and whether it was
+    replayed from a stored key. Raises APIError for every other answer (400 or 413 for a gzip
+    body, 422, 503)."""
+    sink = deps.sink
+    if not sink.journal.is_open:  # it failed to open (or was refused since): try again, or say why
+        try:
+            await sink.ready()
+        except SinkError as exc:
+            raise APIError(503, f"{exc}; nothing of this request was kept", {"Retry-After": "5"}) from None
+    received = len(body)
+    if received > INLINE_DECODE_BYTES or head.gzip:
+        # A big body (or any gzip body: a small one may inflate to --max-body) would hold
+        # the event loop for milliseconds: decode it, and render its rejects, on a thread
+        # (zlib and the compiled codec release the GIL, so other requests go on meanwhile).
+        loop = asyncio.get_running_loop()
+        batch, chunks, digest = await loop.run_in_executor(None, _encode, deps, head, body)
+    else:
+        batch, chunks, digest = _encode(deps, head, body)
+    answer = orjson.dumps(
+        {
+            "result": {
+                "status": "ok",
+                "stats": {
+                    "bytes": received,
+                    "records": {"valid": batch.valid, "invalid": batch.invalid, "total": batch.valid + batch.invalid},
+                },
+            },
+            "errors": [{"line": line, "error": reason} for line, reason, _ in batch.rejects[:MAX_ERRORS]],
+        }
+    )
+    metrics = deps.metrics
+    metrics.bytes_in.inc(received)
+    if chunks or head.key is not None:
+        claim = Claim(head.key, digest, answer) if head.key is not None else None
+        try:
+            stored = await sink.append(chunks, claim)
+        except BacklogFull:
+            raise APIError(503, "too many writes are waiting for the disk; retry later", {"Retry-After": "1"}) from None
+        except SinkError as exc:
+            raise APIError(503, f"{exc}; nothing of this request was kept", {"Retry-After": "5"}) from None
+        if stored is not None:  # the key was stored before: nothing was written now
+            if stored.digest != digest:
+                metrics.conflicts.labels("422").inc()
+                raise APIError(422, "this Idempotency-Key was used for another body; use a new key")
+            metrics.replayed.inc()
+            return stored.answer, True
+    metrics.valid.inc(batch.valid)
+    metrics.invalid.inc(batch.invalid)
+    return answer, False
+
+
+def _encode(deps: Deps, head: Head, body: bytes) -> tuple[codec.Batch, dict[str, bytes], bytes]:
+    """The body's batch, the bytes it appends to each file (relative to DATA_DIR), and the
+    decompressed body's digest when the request has an Idempotency-Key."""
+    body = deps.rules.decode(body, head)
+    digest = deps.sink.digest(body) if head.key is not None else b""
+    batch = codec.encode(body, deps.config.max_days, deps.config.max_rejects)
+    chunks = {layout.day_file(day): rows for day, rows in batch.days.items()}
+    if batch.invalid:
+        now = datetime.now(UTC)
+        omitted = None
+        if batch.omitted is not None:
+            omitted = (batch.invalid - len(batch.rejects), *batch.omitted)
+        chunks[layout.rejects_file(now)] = rejects.render(batch.rejects, now, omitted)
+    return batch, chunks, digest
+
+
 @web.stream_request_body
 class IngestHandler(JSONHandler):
     """``POST /ingest``: NDJSON CRAN records in, appended to the day files, then a 200.
@@ -58,7 +127,6 @@ class IngestHandler(JSONHandler):
         # The rules hold the body to --max-body while it streams (data_received) and answer a
         # JSON 413; Tornado's own limit would answer a bare 400 first: lifted for this request.
         self.request.connection.set_max_body_size(2**62)  # type: ignore[union-attr]
-        self.request.connection.set_body_timeout(self.config.body_timeout)  # type: ignore[union-attr]
 
     def data_received(self, chunk: bytes) -> None:
         if self._finished:
@@ -79,78 +147,12 @@ class IngestHandler(JSONHandler):
         self._body_read = True  # Tornado calls post() once the whole body is in
         if self._finished:  # answered already (413 while streaming)
             return
-        sink = self.deps.sink
-        if not sink.journal.is_open:  # it failed to open (or was refused since): try again, or say why
-            try:
-                await sink.ready()
-            except SinkError as exc:
-                raise APIError(503, f"{exc}; nothing of this request was kept", {"Retry-After": "5"}) from None
         body = b"".join(self._chunks)
         self._chunks = []
-        received = len(body)
-        if received > INLINE_DECODE_BYTES or self._head.gzip:
-            # A big body (or any gzip body: a small one may inflate to --max-body) would hold
-            # the event loop for milliseconds: decode it, and render its rejects, on a thread
-            # (zlib and the compiled codec release the GIL, so other requests go on meanwhile).
-            loop = asyncio.get_running_loop()
-            batch, chunks, digest = await loop.run_in_executor(None, self._encode, body)
-        else:
-            batch, chunks, digest = self._encode(body)
-        answer = orjson.dumps(
-            {
-                "result": {
-                    "status": "ok",
-                    "stats": {
-                        "bytes": received,
-                        "records": {
-                            "valid": batch.valid,
-                            "invalid": batch.invalid,
-                            "total": batch.valid + batch.invalid,
-                        },
-                    },
-                },
-                "errors": [{"line": line, "error": reason} for line, reason, _ in batch.rejects[:MAX_ERRORS]],
-            }
-        )
-        metrics = self.deps.metrics
-        metrics.bytes_in.inc(received)
-        key = self._head.key
-        if chunks or key is not None:
-            claim = Claim(key, digest, answer) if key is not None else None
-            try:
-                stored = await sink.append(chunks, claim)
-            except BacklogFull:
-                raise APIError(
-                    503, "too many writes are waiting for the disk; retry later", {"Retry-After": "1"}
-                ) from None
-            except SinkError as exc:
-                raise APIError(503, f"{exc}; nothing of this request was kept", {"Retry-After": "5"}) from None
-            if stored is not None:  # the key was stored before: nothing was written now
-                if stored.digest != digest:
-                    metrics.conflicts.labels("422").inc()
-                    raise APIError(422, "this Idempotency-Key was used for another body; use a new key")
-                metrics.replayed.inc()
-                self.set_header("Idempotent-Replayed", "true")
-                self.finish(stored.answer)
-                return
-        metrics.valid.inc(batch.valid)
-        metrics.invalid.inc(batch.invalid)
+        answer, replayed = await process(self.deps, self._head, body)
+        if replayed:
+            self.set_header("Idempotent-Replayed", "true")
         self.finish(answer)
-
-    def _encode(self, body: bytes) -> tuple[codec.Batch, dict[str, bytes], bytes]:
-        """The body's batch, the bytes it appends to each file (relative to DATA_DIR), and the
-        decompressed body's digest when the request has an Idempotency-Key."""
-        body = self.deps.rules.decode(body, self._head)
-        digest = self.deps.sink.digest(body) if self._head.key is not None else b""
-        batch = codec.encode(body, self.config.max_days, self.config.max_rejects)
-        chunks = {layout.day_file(day): rows for day, rows in batch.days.items()}
-        if batch.invalid:
-            now = datetime.now(UTC)
-            omitted = None
-            if batch.omitted is not None:
-                omitted = (batch.invalid - len(batch.rejects), *batch.omitted)
-            chunks[layout.rejects_file(now)] = rejects.render(batch.rejects, now, omitted)
-        return batch, chunks, digest
 
     def _done(self) -> None:
         if self._counted:

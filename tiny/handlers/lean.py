@@ -1,0 +1,171 @@
+"""The lean way into ``POST /ingest``: the usual request served without Tornado's RequestHandler.
+
+Tornado's HTTPServer hands each request to an ``HTTPMessageDelegate``; the Application's
+(routing, a RequestHandler per request, its prepare, headers and finish) cost about a third
+of a small request's CPU. :func:`route` looks at the request line and headers first and takes
+the usual request itself: ``POST /ingest`` (no query string) whose headers are within the
+header limits and pass the request rules (tiny.handlers.rules: method, token, key, encoding,
+type, declared length). Everything else goes the general way (tiny.routes), which answers it
+exactly as it always did: every refusal of the headers (400, 401, 405, 413, 415, 431), every
+other path and method. So the lean path never answers an error of the headers; the errors it
+answers are those of the body and the write, with the same rules and the same JSON shape as
+the handler, because both call tiny.handlers.ingest.process: 413 while the body streams in,
+400/413 of a gzip body, 422, 503 with Retry-After.
+
+It keeps every behaviour of the handler: the drain's in-flight count and ``Connection:
+close`` (while draining, and for an answer sent before the whole body was read), the metrics
+(``tiny_requests_total{handler="ingest"}``, the duration), the answer's headers (Server,
+Content-Type, Date, Content-Length, ``Idempotent-Replayed``, ``Retry-After``), the log line of
+a refusal. The body timeout is set only when the body is not already buffered: a body that
+came with the headers cannot time out, and the timer would cost a call and a cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+import tornado
+from tornado import httputil
+from tornado.http1connection import HTTP1Connection
+from tornado.log import access_log
+
+from tiny.handlers.base import APIError, Deps
+from tiny.handlers.ingest import process
+from tiny.handlers.rules import Head
+from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
+
+log = logging.getLogger("tiny.handlers")
+_SERVER = f"TornadoServer/{tornado.version}"  # what a RequestHandler says
+
+
+def route(
+    deps: Deps, start_line: httputil.RequestStartLine, headers: httputil.HTTPHeaders, connection: Any
+) -> LeanIngest | None:
+    """A :class:`LeanIngest` for the usual POST /ingest, or None: the general way takes it."""
+    if start_line.method != "POST" or start_line.path != "/ingest":
+        return None
+    if len(headers) > MAX_HEADERS or sum(len(k) + len(v) + 4 for k, v in headers.get_all()) > MAX_HEADER_BYTES:
+        return None
+    try:
+        head = deps.rules.head("POST", headers)
+    except APIError:
+        return None  # the handler answers it, as always
+    return LeanIngest(deps, head, connection, headers)
+
+
+class LeanIngest(httputil.HTTPMessageDelegate):
+    """One usual POST /ingest, from its headers (already checked by :func:`route`) to its answer."""
+
+    def __init__(self, deps: Deps, head: Head, connection: Any, headers: httputil.HTTPHeaders) -> None:
+        self.deps = deps
+        self.head = head
+        self.connection = connection
+        self.started = time.monotonic()
+        self.chunks: list[bytes] = []
+        self.received = 0
+        self.answered = False
+        self.body_read = False
+        self.task: asyncio.Task[None] | None = None
+        deps.drain.in_flight += 1
+        self.counted = True
+        # The rules hold the body to --max-body as it streams in (data_received), with a JSON
+        # 413; Tornado's own limit would answer a bare 400 first: lifted for this request.
+        connection.set_max_body_size(2**62)
+        length = headers.get("Content-Length")
+        if not _buffered(connection, length):
+            connection.set_body_timeout(deps.config.body_timeout)
+
+    def data_received(self, chunk: bytes) -> None:
+        if self.answered:
+            return
+        self.received += len(chunk)
+        refused = self.deps.rules.over_limit(self.received)
+        if refused is not None:
+            self.chunks = []
+            self._refuse(refused)
+            return
+        self.chunks.append(chunk)
+
+    def finish(self) -> None:
+        self.body_read = True
+        if not self.answered:
+            body = b"".join(self.chunks)
+            self.chunks = []
+            self.task = asyncio.ensure_future(self._process(body))  # referenced: not collected mid-way
+        else:
+            self._done()
+
+    def on_connection_close(self) -> None:
+        self.chunks = []
+        self._done()
+
+    async def _process(self, body: bytes) -> None:
+        try:
+            answer, replayed = await process(self.deps, self.head, body)
+        except APIError as exc:
+            self._refuse(exc)
+        except Exception:
+            log.exception("uncaught exception in POST /ingest")
+            self._refuse(APIError(500, "Internal Server Error"))
+        else:
+            self._answer(200, answer, {"Idempotent-Replayed": "true"} if replayed else None)
+        finally:
+            self._done()
+
+    def _refuse(self, exc: APIError) -> None:
+        log.warning("%d POST /ingest: %s", exc.status_code, exc.message)
+        body = orjson.dumps({"error": {"status": exc.status_code, "message": exc.message}})
+        self._answer(exc.status_code, body, exc.headers)
+
+    def _answer(self, status: int, body: bytes, extra: dict[str, str] | None) -> None:
+        if self.answered or self.connection.stream.closed():
+            return
+        self.answered = True
+        headers = httputil.HTTPHeaders()
+        headers["Server"] = _SERVER
+        headers["Content-Type"] = "application/json"
+        headers["Date"] = _date()
+        headers["Content-Length"] = str(len(body))
+        if extra:
+            headers.update(extra)
+        if self.deps.drain.closes_connection() or not self.body_read:
+            headers["Connection"] = "close"  # as JSONHandler.finish decides it
+        self.connection.write_headers(
+            httputil.ResponseStartLine("", status, httputil.responses.get(status, "Unknown")), headers, body
+        )
+        self.connection.finish()
+        seconds = time.monotonic() - self.started
+        self.deps.metrics.observe_request("ingest", status, seconds)
+        if status >= 500:
+            access_log.error("%d POST /ingest (%s) %.2fms", status, self.connection.context.remote_ip, 1000 * seconds)
+
+    def _done(self) -> None:
+        if self.counted:
+            self.counted = False
+            self.deps.drain.in_flight -= 1
+
+
+def _buffered(connection: Any, length: str | None) -> bool:
+    """Whether the whole body (``length`` bytes) is already in the connection's read buffer.
+    (IOStream's private buffer size: tiny.httpserver pins the Tornado version this was
+    checked against.)"""
+    if length is None or not isinstance(connection, HTTP1Connection):
+        return False
+    try:
+        return connection.stream._read_buffer_size >= int(length)  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return False
+
+
+_DATE = [0, ""]  # (second, its HTTP date): one formatting per second, not per answer
+
+
+def _date() -> str:
+    now = int(time.time())
+    if _DATE[0] != now:
+        _DATE[0], _DATE[1] = now, httputil.format_timestamp(now)
+    return str(_DATE[1])
