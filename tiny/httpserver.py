@@ -1,7 +1,7 @@
-"""The HTTP server of a worker: Tornado's, with a connection cap, a calm accept loop, and chunk extensions.
+"""The HTTP server of a worker: Tornado's, with limits, a calm accept loop, chunk extensions, a lean way in.
 
-Three things Tornado 6.6's ``HTTPServer`` does not do, which a server facing hostile
-clients needs:
+Things Tornado 6.6's ``HTTPServer`` does not do, which a server facing hostile clients, or
+a fast one, needs:
 
 - **A cap on open connections** (``--max-connections``): a connection past it is closed at
   once, so idle clients cannot take the descriptors the sink needs for the day files.
@@ -12,6 +12,16 @@ clients needs:
   size lines and trailer fields after the last chunk are valid, and Tornado answers them
   with a bare 400. Here extensions are skipped and trailers read and ignored, within
   bounds.
+- **A lean way in** (``lean``): once a request's headers are in, a callable may take it with
+  a delegate of its own (tiny.handlers.lean: the usual POST /ingest without a
+  RequestHandler); every other request goes to the application as before.
+- **Timeouts without a timer per request**: Tornado wraps every header read, and every body
+  read, in a timer (``gen.with_timeout``: a few percent of a small request). Here the header
+  timeout (``idle_connection_timeout``: idle connections and slow headers alike) is one sweep
+  twice a second over the connections waiting for headers, oldest first, so a connection is
+  closed between the timeout and half a second after it; the body timeout is set per request
+  only when its body is still to come (the application's requests get it always; the lean
+  way, when the body is not already buffered).
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ from tornado.http1connection import (  # noqa: E402
     _is_done,
 )
 from tornado.httpserver import HTTPServer, _HTTPRequestContext  # noqa: E402
-from tornado.ioloop import IOLoop  # noqa: E402
+from tornado.ioloop import IOLoop, PeriodicCallback  # noqa: E402
 
 from tiny.limits import MAX_CHUNK_LINE, MAX_TRAILERS  # noqa: E402
 
@@ -56,6 +66,7 @@ log = logging.getLogger("tiny.httpserver")
 
 _ACCEPT_BATCH = 128  # connections accepted per wake-up before other work gets a turn
 _ACCEPT_PAUSE = 0.1  # seconds accept pauses after it ran out of descriptors or memory
+_SWEEP_SECONDS = 0.5  # how often connections past the header timeout are closed
 _LOG_EVERY = 1.0  # seconds between two log lines of the same kind
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -97,6 +108,12 @@ class TinyHTTPServer(HTTPServer):
         super().initialize(*args, **kwargs)
         self.lean = lean
         self.request_body_timeout = body_timeout
+        # The header timeout (--idle-timeout) is one sweep over the connections waiting for
+        # headers, twice a second, instead of Tornado's timer around every header read.
+        self.header_timeout = self.conn_params.header_timeout
+        self.conn_params.header_timeout = None
+        self.waiting: dict[_ServerConnection, float] = {}  # in the order they began to wait
+        self._sweeper: PeriodicCallback | None = None
         self.max_connections = max_connections
         self.open_connections = 0
         self._on_connections = on_connections
@@ -106,6 +123,9 @@ class TinyHTTPServer(HTTPServer):
     def add_sockets(self, sockets: Any) -> None:
         # TCPServer.add_sockets with our accept loop; _sockets and _handlers are what its
         # stop() uses to close the sockets and remove their handlers.
+        if self._sweeper is None and self.header_timeout:
+            self._sweeper = PeriodicCallback(self._close_slow, _SWEEP_SECONDS * 1000)
+            self._sweeper.start()
         for sock in sockets:
             self._sockets[sock.fileno()] = sock
             self._handlers[sock.fileno()] = self._accept_on(sock)
@@ -157,13 +177,31 @@ class TinyHTTPServer(HTTPServer):
             return
         context = _HTTPRequestContext(stream, address, self.protocol, self.trusted_downstream)
         conn = _ServerConnection(stream, self.conn_params, context)
+        conn.server = self
         self._connections.add(conn)
         self._count(+1)
         conn.start_serving(self)
 
     def on_close(self, server_conn: object) -> None:
         super().on_close(server_conn)
+        self.waiting.pop(server_conn, None)  # type: ignore[call-overload]
         self._count(-1)
+
+    def _close_slow(self) -> None:
+        """Close the connections that have waited longer than the header timeout for a
+        request's headers (idle, or sending them slowly). Oldest first: it stops at the first
+        within the bound, so a sweep costs what it closes."""
+        deadline = IOLoop.current().time() - (self.header_timeout or 0)
+        for conn, since in list(self.waiting.items()):
+            if since > deadline:
+                break
+            del self.waiting[conn]
+            conn.stream.close()
+
+    def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.stop()
+        super().stop()
 
     def _count(self, change: int) -> None:
         self.open_connections += change
@@ -192,6 +230,7 @@ class _Route(httputil.HTTPMessageDelegate):
         self, start_line: httputil.RequestStartLine | httputil.ResponseStartLine, headers: httputil.HTTPHeaders
     ) -> Any:
         assert isinstance(start_line, httputil.RequestStartLine)
+        self._server.waiting.pop(self._server_conn, None)  # type: ignore[call-overload]
         if self._server.lean is not None:
             lean = self._server.lean(start_line, headers, self._connection)
             if lean is not None:
@@ -292,13 +331,17 @@ def _chunk_size(line: bytes) -> int:
 
 
 class _ServerConnection(HTTP1ServerConnection):
-    """``HTTP1ServerConnection`` that reads each request with :class:`_Connection`."""
+    """``HTTP1ServerConnection`` that reads each request with :class:`_Connection`, and is in
+    its server's ``waiting`` while it waits for a request's headers."""
+
+    server: TinyHTTPServer
 
     async def _server_request_loop(self, delegate: httputil.HTTPServerConnectionDelegate) -> None:
         # Tornado 6.6's loop, constructing our _Connection instead of HTTP1Connection.
         try:
             while True:
                 conn = _Connection(self.stream, False, self.params, self.context)
+                self.server.waiting[self] = IOLoop.current().time()  # until _Route has its headers
                 request_delegate = delegate.start_request(self, conn)
                 try:
                     ret = await conn.read_response(request_delegate)
