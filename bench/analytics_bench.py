@@ -66,6 +66,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.harness.bodies import Body  # noqa: E402
+from bench.harness.drivers import ab_command, parse_ab, run_driver  # noqa: E402
+from bench.harness.proc import system_cpu_seconds  # noqa: E402
 from tiny.layout import day_path  # noqa: E402
 from tiny.testing import SAMPLE_DAY, Server, request, sample_csv, sample_lines  # noqa: E402
 
@@ -127,7 +130,7 @@ def _python_aggregate(rows: list[list[str]]) -> dict[str, Any]:
 
 def _engine(name: str, path: Path, runs: int) -> dict[str, Any]:
     """Times one engine in this process; returns medians in seconds."""
-    from tiny import analytics
+    from tiny.analytics import compute as analytics
 
     size = path.stat().st_size
     if name == "python-csv":
@@ -353,66 +356,41 @@ class AnalyticsLoad:
         }
 
 
-def _busy_cpu() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat."""
-    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
-
-
-def _ab(port: int, body: Path, requests: int, out: Path, seconds: float | None = None) -> dict[str, Any]:
+def _ab(port: int, body: Body, requests: int, out: Path, seconds: float | None = None) -> dict[str, Any]:
     """ab -k -c 8: ``requests`` requests, or as many as fit in ``seconds``."""
     percentiles = out.with_suffix(".csv")
-    limit = ["-t", str(int(seconds)), "-n", "10000000"] if seconds else ["-n", str(requests)]
-    command = [
-        "ab",
-        "-k",
-        "-c",
-        "8",
-        *limit,
-        "-s",
-        "30",
-        "-l",
-        "-r",
-        "-e",
-        str(percentiles),
-        "-p",
-        str(body),
-        "-T",
-        "application/x-ndjson",
-        f"http://127.0.0.1:{port}/ingest",
-    ]
+    url = f"http://127.0.0.1:{port}/ingest"
+    if seconds:
+        command = ab_command(url, body, 8, True, 10_000_000, int(seconds), percentiles, socket_timeout=30)
+    else:
+        command = ab_command(url, body, 8, True, requests, None, percentiles, socket_timeout=30)
     load_average = os.getloadavg()[0]
-    before = _busy_cpu()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    after = _busy_cpu()
-    out.write_text(done.stdout + done.stderr)
-    assert done.returncode == 0, done.stdout + done.stderr
-
-    def number(label: str) -> float:
-        match = re.search(rf"^{label}:\s+([\d.]+)", done.stdout, re.M)
-        return float(match.group(1)) if match else 0.0
-
-    table = dict(row for row in csv.reader(percentiles.open()) if row and row[0].isdigit())
+    busy_before, total_before = system_cpu_seconds()
+    output, code = run_driver(command, 600)
+    busy_after, total_after = system_cpu_seconds()
+    out.write_text(output)
+    assert code == 0, output
+    figures = parse_ab(output, percentiles)
+    total = total_after - total_before
     return {
-        "requests": int(number("Complete requests")),
-        "requests_per_s": number("Requests per second"),
-        "failed": int(number("Failed requests")),
-        "non_2xx": int(number("Non-2xx responses")),
-        "p50_ms": float(table["50"]),
-        "p90_ms": float(table["90"]),
-        "p99_ms": float(table["99"]),
-        "max_ms": float(table["100"]),
-        "machine_busy": round((after[0] - before[0]) / max(after[1] - before[1], 1), 3),
+        "requests": figures["complete"],
+        "requests_per_s": figures["rps"],
+        "failed": figures["failed"],
+        "non_2xx": figures["non2xx"],
+        "p50_ms": figures["p50_ms"],
+        "p90_ms": figures["p90_ms"],
+        "p99_ms": figures["p99_ms"],
+        "max_ms": figures["max_ms"],
+        "machine_busy": round((busy_after - busy_before) / total, 3) if total > 0 else 0.0,
         "load_average_before": load_average,
         "command": " ".join(command),
     }
 
 
-def _ingest_body(path: Path) -> Path:
+def _ingest_body(path: Path) -> Body:
     lines = sample_lines()[:BODY_RECORDS]
     path.write_bytes(b"".join(lines).replace(f'"date":"{DAY}"'.encode(), f'"date":"{INGEST_DAY}"'.encode()))
-    return path
+    return Body(str(BODY_RECORDS), path, BODY_RECORDS)
 
 
 @contextlib.contextmanager
@@ -429,7 +407,7 @@ def _fresh_server(work: Path, env: dict[str, str], big: bool = False) -> Iterato
 
 
 def _one_run(
-    work: Path, arm: str, body: Path, seconds: float, threads: int, ab_out: Path, big: bool = False
+    work: Path, arm: str, body: Body, seconds: float, threads: int, ab_out: Path, big: bool = False
 ) -> dict[str, Any]:
     env = VARIANTS.get(arm, {})
     with _fresh_server(work, env, big=big) as server:
@@ -497,7 +475,7 @@ def run_ingest(
         summary[arm]["within_20_percent"] = summary[arm]["p99_vs_baseline_same_round_median"] <= 1.2
     return {
         "body_records": BODY_RECORDS,
-        "body_bytes": body.stat().st_size,
+        "body_bytes": body.size,
         "concurrency": 8,
         "load_threads": threads,
         "runs": runs,

@@ -33,6 +33,7 @@ import asyncio
 import fcntl
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -137,9 +138,11 @@ async def _ticker(lags: list[float], stop: asyncio.Event) -> None:
 async def run_once(
     strategy: str, directory: Path, *, fsync: bool, clients: int, appends: int, chunk: bytes, work: float
 ) -> dict[str, Any]:
-    """One run of one strategy; its figures."""
-    path = directory / f"{strategy}-{'fsync' if fsync else 'write'}.csv"
-    path.unlink(missing_ok=True)
+    """One run of one strategy, in a folder of its own (a data dir whose files a run removes
+    must not keep its journal for the next: the journal refuses files shorter than it left
+    them); its figures."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{strategy}-", dir=directory))
+    path = folder / f"{strategy}-{'fsync' if fsync else 'write'}.csv"
     append, close = _MAKERS[strategy](path, fsync)
     latencies: list[float] = []
     lags: list[float] = []
@@ -163,7 +166,7 @@ async def run_once(
     total = clients * appends
     assert path.stat().st_size == total * len(chunk), f"{strategy}: the file has the wrong size"
     assert path.read_bytes().count(b"\n") == total * chunk.count(b"\n"), f"{strategy}: lines lost"
-    path.unlink()
+    shutil.rmtree(folder)
     quantiles = statistics.quantiles(latencies, n=100, method="inclusive")
     lag_q = statistics.quantiles(lags, n=100, method="inclusive") if len(lags) > 1 else [0.0] * 99
     return {
