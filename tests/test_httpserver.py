@@ -14,6 +14,8 @@ from tiny import httpserver
 UPSTREAM = {
     "HTTP1Connection._read_chunked_body": "bb6888d2ff152ee940219729ba4f28724ff30ba775e77fa581ba26b868aab957",
     "HTTP1ServerConnection._server_request_loop": "878caf064d85d615c371d09ed9068eaaadfda25e70a8e9a35cb92996d0a7e539",
+    "HTTP1Connection.write_headers": "0cfc1ef0b6793acd62306d4ac65a1cab806858506cc7e17e64295263190c1250",
+    "HTTP1Connection.finish": "06764160f2a948ce6c07da810b967bb254e3d8723be30c94d90844eb118dcd88",
 }
 
 
@@ -22,7 +24,12 @@ def test_the_copied_tornado_methods_are_unchanged_upstream() -> None:
     tiny/httpserver.py's _Connection and _ServerConnection with them before bumping the pin."""
     found = {
         method.__qualname__: hashlib.sha256(inspect.getsource(method).encode()).hexdigest()
-        for method in (HTTP1Connection._read_chunked_body, HTTP1ServerConnection._server_request_loop)
+        for method in (
+            HTTP1Connection._read_chunked_body,
+            HTTP1ServerConnection._server_request_loop,
+            HTTP1Connection.write_headers,
+            HTTP1Connection.finish,
+        )
     }
     assert found == UPSTREAM
 

@@ -38,18 +38,23 @@ import tornado
 from tornado import httputil, iostream
 
 # Two methods below are copies of Tornado's own, changed (HTTP1Connection._read_chunked_body and
-# HTTP1ServerConnection._server_request_loop), and they use private names of Tornado's. They were
-# checked against these versions only: any other refuses to import, saying what to check.
+# HTTP1ServerConnection._server_request_loop), a third (_Connection.write_answer) does what
+# HTTP1Connection.write_headers and finish do for one kind of response, and they use private
+# names of Tornado's. They were checked against these versions only: any other refuses to
+# import, saying what to check.
 # tests/test_httpserver.py fails when the upstream methods' source changes.
 CHECKED_TORNADO = ("6.6.1",)
 if tornado.version not in CHECKED_TORNADO:
     raise ImportError(
         f"tiny.httpserver copies Tornado {', '.join(CHECKED_TORNADO)}'s HTTP1Connection._read_chunked_body and "
-        "HTTP1ServerConnection._server_request_loop, and uses its private _CHUNK_YIELD_COST, _YIELD_THRESHOLD, "
-        f"_is_done and _HTTPRequestContext; Tornado {tornado.version} is installed: compare them with its source, "
+        "HTTP1ServerConnection._server_request_loop, writes an answer as HTTP1Connection.write_headers and finish "
+        "do, and uses its private _CHUNK_YIELD_COST, _YIELD_THRESHOLD, _is_done, _HTTPRequestContext and "
+        "HTTP1Connection's response state and IOStream._read_buffer_size; "
+        f"Tornado {tornado.version} is installed: compare them with its source, "
         "then add it to CHECKED_TORNADO (or install tornado==6.6.1, the pinned version)"
     )
 
+from tornado.concurrent import Future, future_add_done_callback  # noqa: E402
 from tornado.http1connection import (  # noqa: E402
     _CHUNK_YIELD_COST,
     _YIELD_THRESHOLD,
@@ -67,6 +72,7 @@ log = logging.getLogger("tiny.httpserver")
 _ACCEPT_BATCH = 128  # connections accepted per wake-up before other work gets a turn
 _ACCEPT_PAUSE = 0.1  # seconds accept pauses after it ran out of descriptors or memory
 _SWEEP_SECONDS = 0.5  # how often connections past the header timeout are closed
+BODY_PIECE = 1024 * 1024  # bytes of a body handed to a request at most at once
 _LOG_EVERY = 1.0  # seconds between two log lines of the same kind
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -112,6 +118,10 @@ class TinyHTTPServer(HTTPServer):
         # headers, twice a second, instead of Tornado's timer around every header read.
         self.header_timeout = self.conn_params.header_timeout
         self.conn_params.header_timeout = None
+        # A body is handed over in pieces of up to 1 MiB of what the socket delivered (read
+        # 64 KiB at a time, Tornado's default: a 1 MiB read allocates and zeroes 1 MiB each
+        # time): a 276 KB body that arrived whole is one piece, not five to copy together.
+        self.conn_params.chunk_size = BODY_PIECE
         self.waiting: dict[_ServerConnection, float] = {}  # in the order they began to wait
         self._sweeper: PeriodicCallback | None = None
         self.max_connections = max_connections
@@ -255,7 +265,32 @@ class _Route(httputil.HTTPMessageDelegate):
 
 
 class _Connection(HTTP1Connection):
-    """``HTTP1Connection`` whose chunked-body reader accepts chunk extensions and trailers."""
+    """``HTTP1Connection`` whose chunked-body reader accepts chunk extensions and trailers, and
+    which writes a whole answer at once (:meth:`write_answer`)."""
+
+    def write_answer(self, head: bytes, body: bytes, close: bool = False) -> None:
+        """Write a server response whose status line and headers are ``head`` (each line ending
+        in CRLF, Content-Length among them) and whose body is ``body``, then finish it: what
+        ``write_headers(start, headers, body)`` and ``finish()`` do for such a response in
+        Tornado 6.6.1, without building an HTTPHeaders and formatting it line by line.
+        ``close`` adds ``Connection: close``; as write_headers does, so does a request that
+        asked for it, and an HTTP/1.0 request that asked for keep-alive gets it."""
+        request = self._request_start_line
+        assert request is not None and self._request_headers is not None
+        if close or (request.version == "HTTP/1.1" and self._disconnect_on_finish):
+            head += b"Connection: close\r\n"
+        elif request.version == "HTTP/1.0" and self._request_headers.get("Connection", "").lower() == "keep-alive":
+            head += b"Connection: Keep-Alive\r\n"
+        self._chunking_output = False
+        self._expected_content_remaining = 0
+        future = self._write_future = Future()
+        if self.stream.closed():
+            future.set_exception(iostream.StreamClosedError())
+            future.exception()
+        else:
+            self._pending_write = self.stream.write(head + b"\r\n" + body)
+            future_add_done_callback(self._pending_write, self._on_write_complete)
+        self.finish()
 
     async def _read_chunked_body(self, delegate: httputil.HTTPMessageDelegate) -> None:
         # Tornado 6.6's _read_chunked_body, with two changes marked "RFC 9112": the size line

@@ -35,7 +35,7 @@ def _shuffled(line: bytes, rng: random.Random) -> bytes:
     return orjson.dumps(dict(items)) + b"\n"
 
 
-def make_bodies(out_dir: Path, sizes: Sequence[int] = (1600, 16000)) -> dict[str, Body]:
+def make_bodies(out_dir: Path, sizes: Sequence[int] = (1, 10, 100, 1600, 16000)) -> dict[str, Body]:
     """Write the bench bodies from the sample day; returns them by name.
 
     For each size S: ``S`` (the first S records, keys in file order), ``S-shuffled`` (keys in

@@ -12,6 +12,7 @@ from tiny.config import usable_cpus
 
 CORES = usable_cpus()
 CONCURRENCY = (1, 2, 4, 8, 16)
+SIZES = ("1", "10", "100", "1600", "16000")  # the body sizes of the speed issue's table (records)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,12 @@ def configurations(cores: int = CORES, nginx_workers: int | None = None) -> dict
             processes=n,
         ),
         Config(
+            "nginx-1",
+            "nginx over 1 single-process tiny instance (nginx/proxy.conf: every POST keyed by nginx)",
+            ("1600",),
+            lambda data, logs: NginxFront("nginx-1", 1, data, workers, True, logs=logs).start(),
+        ),
+        Config(
             f"nginx-{n}-nobuf",
             f"nginx over {n} tiny instances, proxy_request_buffering off",
             ("1600", "16000"),
@@ -175,6 +182,27 @@ def experiments(cores: int = CORES) -> dict[str, tuple[str, list[Arm]]]:
                 Arm("seed-1", "1600", 8, True, "post"),
                 Arm("tiny-1", "1600", 8, True, "post"),
                 Arm("tiny-1", "1600", 8, True, "post", keys=True, label="tiny-1-keys"),
+            ],
+        ),
+        "lean": (
+            "the speed issue's table: tiny-1 vs seed-1 and the HTTP floor at every body size, c=8 -k "
+            "(targets: 1.2x the seed at every size, 0.85x the floor at 1-100 records, 15x the seed at 1,600)",
+            [Arm(config, body, 8, True) for body in SIZES for config in ("seed-1", "floor-1", "tiny-1")],
+        ),
+        "lean-keys": (
+            "the cost of a fresh Idempotency-Key per request (targets: 10% at 1 record, 5% at 100) and of nginx "
+            "in front (every POST keyed by nginx; target: 10% of CPU per record at 1,600 over a keyed tiny-1), "
+            "c=8 keep-alive, all tiny arms driven by bench/post_load.py",
+            [
+                *(
+                    arm
+                    for body in SIZES[:-1]
+                    for arm in (
+                        Arm("tiny-1", body, 8, True, "post", label=f"tiny-1-post-{body}"),
+                        Arm("tiny-1", body, 8, True, "post", keys=True, label=f"tiny-1-keys-{body}"),
+                    )
+                ),
+                Arm("nginx-1", "1600", 8, True, "post", label="nginx-1-1600"),
             ],
         ),
         "latency": (

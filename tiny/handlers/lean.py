@@ -125,19 +125,13 @@ class LeanIngest(httputil.HTTPMessageDelegate):
         if self.answered or self.connection.stream.closed():
             return
         self.answered = True
-        headers = httputil.HTTPHeaders()
-        headers["Server"] = _SERVER
-        headers["Content-Type"] = "application/json"
-        headers["Date"] = _date()
-        headers["Content-Length"] = str(len(body))
-        if extra:
-            headers.update(extra)
-        if self.deps.drain.closes_connection() or not self.body_read:
-            headers["Connection"] = "close"  # as JSONHandler.finish decides it
-        self.connection.write_headers(
-            httputil.ResponseStartLine("", status, httputil.responses.get(status, "Unknown")), headers, body
-        )
-        self.connection.finish()
+        close = self.deps.drain.closes_connection() or not self.body_read  # as JSONHandler.finish decides it
+        head = _HEADS.get(status) or _head_for(status)
+        lines = [head, b"Date: ", _date(), b"\r\nContent-Length: ", b"%d\r\n" % len(body)]
+        for name, value in (extra or {}).items():
+            lines.append(f"{name}: {value}\r\n".encode("latin1"))
+        # One formatted block, written with the body (tiny.httpserver: write_answer).
+        self.connection.write_answer(b"".join(lines), body, close)
         seconds = time.monotonic() - self.started
         self.deps.metrics.observe_request("ingest", status, seconds)
         if status >= 500:
@@ -161,11 +155,18 @@ def _buffered(connection: Any, length: str | None) -> bool:
         return False
 
 
-_DATE = [0, ""]  # (second, its HTTP date): one formatting per second, not per answer
+def _head_for(status: int) -> bytes:
+    """The status line and the headers that every answer with ``status`` carries."""
+    reason = httputil.responses.get(status, "Unknown")
+    return f"HTTP/1.1 {status} {reason}\r\nServer: {_SERVER}\r\nContent-Type: application/json\r\n".encode()
 
 
-def _date() -> str:
+_HEADS = {status: _head_for(status) for status in (200, 400, 413, 422, 500, 503)}
+_DATE: list[object] = [0, b""]  # (second, its HTTP date): one formatting per second, not per answer
+
+
+def _date() -> bytes:
     now = int(time.time())
     if _DATE[0] != now:
-        _DATE[0], _DATE[1] = now, httputil.format_timestamp(now)
-    return str(_DATE[1])
+        _DATE[0], _DATE[1] = now, httputil.format_timestamp(now).encode()
+    return _DATE[1]  # type: ignore[return-value]
