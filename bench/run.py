@@ -130,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.concurrency
         else ([1, 8] if args.quick else list(CONCURRENCY))
     )
-    results_dir: Path = args.results or (RESULTS / "quick" if args.quick else RESULTS)
+    # absolute: nginx -p takes it as its prefix
+    results_dir: Path = (args.results or (RESULTS / "quick" if args.quick else RESULTS)).resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
     work = results_dir / "work"
     logs = results_dir / "logs"

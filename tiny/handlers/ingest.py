@@ -17,6 +17,7 @@ from tiny.profiling import profile
 from tiny.sink import BacklogFull, SinkError
 
 
+@profile
 async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool]:
     """One /ingest request once its whole body is in, whichever way it came (this handler, or
     tiny.handlers.lean): decoded, encoded, written; returns the 200 answer and whether it was
@@ -142,7 +143,6 @@ class IngestHandler(JSONHandler):
     def body_read(self) -> bool:
         return self._body_read
 
-    @profile
     async def post(self) -> None:
         self._body_read = True  # Tornado calls post() once the whole body is in
         if self._finished:  # answered already (413 while streaming)
