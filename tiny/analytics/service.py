@@ -32,6 +32,7 @@ import importlib.util
 import logging
 import multiprocessing
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
@@ -292,6 +293,9 @@ class Analytics:
             return
         # (_processes: the executor has no public handle on its processes.)
         processes = list((getattr(pool, "_processes", None) or {}).values())
+        # shutdown(wait=False) forgets its manager thread at once, and a later shutdown(wait=True)
+        # then joins nothing: the thread, which holds the queues, is joined here instead.
+        manager = getattr(pool, "_executor_manager_thread", None)
         pool.shutdown(wait=False, cancel_futures=True)
         # An idle pool process exits on the shutdown sentinel; a busy one would first finish
         # its query (up to seconds). Nothing it computes is needed any more: stop it now.
@@ -300,10 +304,11 @@ class Analytics:
                 process.terminate()
         for process in processes:
             process.join(_STOP_SECONDS)
-        pool.shutdown(wait=True)
+        if manager is not None:
+            manager.join(_STOP_SECONDS)
         # The queues' semaphores are released when the queues are collected: now, since a
         # forked worker leaves by os._exit, which runs no finalizer.
-        del pool, processes
+        del pool, processes, manager
         gc.collect()
 
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
@@ -373,7 +378,12 @@ class Analytics:
                 self._replace_broken(pool)
                 raise Busy("the analytics process died; it is being restarted") from None
             self._pending[key] = future
-            future.add_done_callback(lambda done: self._settle(key, store, pool, done))
+            # Weak references only: neither this frame (suspended below) nor the callback of a
+            # future still pending when close() runs may keep the pool, and its queues'
+            # semaphores, alive past close() (a "leaked semaphore" at exit otherwise).
+            pool_ref = weakref.ref(pool)
+            del pool
+            future.add_done_callback(lambda done: self._settle(key, store, pool_ref, done))
         try:
             # shield: a client that goes away does not cancel a computation others may await
             return await asyncio.shield(future)
@@ -384,7 +394,7 @@ class Analytics:
         self,
         key: tuple[Any, ...],
         store: Callable[[Any], None],
-        pool: concurrent.futures.ProcessPoolExecutor,
+        pool_ref: weakref.ref[concurrent.futures.ProcessPoolExecutor],
         done: asyncio.Future[Any],
     ) -> None:
         self._pending.pop(key, None)
@@ -392,6 +402,7 @@ class Analytics:
             return
         error = done.exception()
         if isinstance(error, BrokenProcessPool):
-            self._replace_broken(pool)
+            if (pool := pool_ref()) is not None:
+                self._replace_broken(pool)
         elif error is None:
             store(done.result())
