@@ -1,8 +1,9 @@
-"""Operator commands on a data dir: a consistent backup of a live one, and changing its journal mode.
+"""Operator commands on a data dir: a consistent backup of a live one, its journal mode, its aggregates.
 
 Usage (``tiny-admin`` once installed, or ``python -m tiny.admin`` from the source tree):
     tiny-admin backup DATA_DIR DEST [--lock-timeout 30]
     tiny-admin set-journal-mode DATA_DIR {wal,delete}
+    tiny-admin rebuild-aggregates DATA_DIR [--lock-timeout 30]
 
 ``backup`` copies a data dir while servers write to it, so that the copy is one the server
 accepts and that holds exactly what was acknowledged at one instant: it takes the data dir's
@@ -16,6 +17,11 @@ moments: tiny.journal). DEST must not exist.
 
 ``set-journal-mode`` changes the mode every server on the data dir must use (``wal`` on one
 host, ``delete`` for writers on several hosts); stop every server on the data dir first.
+
+``rebuild-aggregates`` counts the downloads API's aggregates (tiny.aggregates) again from the
+day files, e.g. after a day file was edited by hand; servers may run meanwhile: they go on
+answering from the old counts until the new ones replace them in one transaction, and a
+query that must bring the counts up to date waits (a 503 after 10 s).
 
 Exit status: 0 done, 1 refused (the message says why), 2 bad usage.
 """
@@ -32,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tiny import layout
+from tiny.aggregates import Aggregates, aggregates_path
 from tiny.journal import MODES, Journal, JournalError, stored_mode
 
 log = logging.getLogger("tiny.admin")
@@ -132,6 +139,24 @@ def set_journal_mode(data_dir: Path, mode: str, lock_timeout: float = 30.0) -> s
     return current
 
 
+def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
+    """Count the aggregates of ``data_dir`` again from its day files, up to the sizes they had,
+    committed, at one instant (noted under the flush lock, after recovery); returns the rows."""
+    journal = Journal(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
+    journal.open()
+    try:
+        with journal.locked():
+            journal.recover()
+            sizes = {day: entry.stat().st_size for entry in os.scandir(data_dir) if (day := layout.day_of(entry.name))}
+    finally:
+        journal.close()
+    store = Aggregates(data_dir, busy_timeout=600.0)
+    try:
+        return store.rebuild(sizes)
+    finally:
+        store.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
     parser = argparse.ArgumentParser(prog="tiny-admin", description="Operator commands on a Tiny Data Server data dir.")
@@ -143,15 +168,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     change = commands.add_parser("set-journal-mode", help="change the journal mode (stop every server first)")
     change.add_argument("data_dir", type=Path)
     change.add_argument("mode", choices=MODES)
+    rebuild = commands.add_parser(
+        "rebuild-aggregates", help="count the downloads API's aggregates again from the day files"
+    )
+    rebuild.add_argument("data_dir", type=Path)
+    rebuild.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for the flush lock (30)")
     args = parser.parse_args(argv)
     try:
         if args.command == "backup":
             done = backup(args.data_dir, args.dest, args.lock_timeout)
             print(f"copied {done['files']} files ({done['bytes']} bytes) and {done['keys']} keys to {args.dest}")
+        elif args.command == "rebuild-aggregates":
+            rows = rebuild_aggregates(args.data_dir, args.lock_timeout)
+            print(f"counted {rows:,} rows of {args.data_dir} into {aggregates_path(args.data_dir)}")
         else:
             before = set_journal_mode(args.data_dir, args.mode)
             print(f"the journal of {args.data_dir} was in {before} mode, now {args.mode}")
-    except (JournalError, OSError) as exc:
+    except (JournalError, OSError, sqlite3.Error) as exc:
         print(f"tiny-admin: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -48,6 +48,7 @@ DATA_DIR:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -59,7 +60,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from sqlite3 import Error as SQLiteError
 
-from tiny import limits
+from tiny import layout, limits
 from tiny.journal import Claim, Flush, Intent, Journal, JournalError, LockTimeout, Stored, fsync_dir
 from tiny.profiling import profile
 
@@ -215,6 +216,26 @@ class DailyFileSink:
             log.error("%s", exc)
             raise
         self.fault = None
+
+    async def committed_sizes(self, days: list[str]) -> dict[str, int]:
+        """The sizes of the day files of ``days`` (those that exist) below which every byte is
+        committed: noted under the data dir's flush lock, after recovery, so that no flush is
+        half-done then and no later recovery cuts below them. SinkError when the lock or the
+        journal is refused. (For the live aggregates: tiny.aggregates.)"""
+        await self.ready()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._committed, days)
+        except (JournalError, OSError, SQLiteError) as exc:
+            raise SinkError(str(exc)) from None
+
+    def _committed(self, days: list[str]) -> dict[str, int]:
+        with self.journal.locked():
+            self.journal.recover()
+            sizes = {}
+            for day in days:
+                with contextlib.suppress(FileNotFoundError):
+                    sizes[day] = os.stat(layout.day_path(self.data_dir, day)).st_size
+            return sizes
 
     def trouble(self) -> str | None:
         """Why writes fail or wait now (for /healthz), or None: a wait of more than a second

@@ -1,0 +1,293 @@
+"""The live aggregates of the day files: downloads per day, package, hour and ip_id, kept as rows arrive.
+
+The day files stay the source of truth; this is a summary of them that any process can bring
+up to date and read, in ``DATA_DIR/.tiny/aggregates.sqlite3`` (SQLite, WAL). For each day file
+it records how many of its bytes are folded in (``files.consumed``, with the file's inode), and
+per day: downloads and bytes per package, per hour, per ip_id (with its downloads per hour and
+per country). :meth:`Aggregates.fold` reads only the bytes appended since, complete lines only,
+and adds them in ONE transaction with the new ``consumed``: killed at any point it leaves the
+old state or the new, and a second process folding at the same time waits for the first
+(``BEGIN IMMEDIATE``) and then folds only what is left, so nothing is counted twice or lost.
+
+The sizes to fold up to come from the caller, noted under the data dir's flush lock
+(tiny.sink.DailyFileSink.committed_sizes): bytes below such a size are committed and no
+recovery will ever cut them, so a count never includes a row that vanishes. A day file found
+shorter than what was folded, or another file under its name (its inode), is folded again
+from its start: that day's aggregates are rebuilt. ``tiny-admin rebuild-aggregates`` rebuilds
+them all from the files.
+
+Counting rows: a row is a line of the day file after its header, split on commas when none of
+its strings holds one (the usual row), else by tiny.cranlog.parse_row; a quoted ``"NA"`` is the
+string, a bare ``NA`` is missing. A row that does not parse is skipped and counted
+(``files.skipped``): the CSV the sink writes always parses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from tiny import layout
+from tiny.cranlog import parse_row
+from tiny.layout import HEADER
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    day TEXT PRIMARY KEY, inode INTEGER NOT NULL, consumed INTEGER NOT NULL,
+    rows INTEGER NOT NULL, bytes INTEGER NOT NULL, skipped INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS packages (
+    day TEXT NOT NULL, package TEXT NOT NULL, downloads INTEGER NOT NULL, PRIMARY KEY (day, package)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS hours (
+    day TEXT NOT NULL, hour INTEGER NOT NULL, downloads INTEGER NOT NULL, PRIMARY KEY (day, hour)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ips (
+    day TEXT NOT NULL, ip_id INTEGER NOT NULL, downloads INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    PRIMARY KEY (day, ip_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ip_hours (
+    day TEXT NOT NULL, ip_id INTEGER NOT NULL, hour INTEGER NOT NULL, downloads INTEGER NOT NULL,
+    PRIMARY KEY (day, ip_id, hour)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ip_countries (
+    day TEXT NOT NULL, ip_id INTEGER NOT NULL, country TEXT NOT NULL, downloads INTEGER NOT NULL,
+    PRIMARY KEY (day, ip_id, country)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS packages_by_name ON packages (package, day);
+"""
+_PER_DAY = ("packages", "hours", "ips", "ip_hours", "ip_countries")
+_READ_BLOCK = 8 * 1024**2  # bytes folded per step: memory stays bounded on a big day
+_HEADER = HEADER.decode()
+
+
+def aggregates_path(data_dir: Path) -> Path:
+    return layout.state_dir(data_dir) / "aggregates.sqlite3"
+
+
+@dataclass
+class _Sums:
+    """What one fold adds for one day."""
+
+    rows: int = 0
+    bytes: int = 0
+    skipped: int = 0
+
+    def __post_init__(self) -> None:
+        self.packages: defaultdict[str, int] = defaultdict(int)
+        self.hours: defaultdict[int, int] = defaultdict(int)
+        self.ips: defaultdict[int, list[int]] = defaultdict(lambda: [0, 0])
+        self.ip_hours: defaultdict[tuple[int, int], int] = defaultdict(int)
+        self.ip_countries: defaultdict[tuple[int, str], int] = defaultdict(int)
+
+    def add(self, line: str) -> None:
+        fields = line.split(",")
+        if len(fields) == 10 and '""' not in line:
+            time_, size, quoted_package, quoted_country, ip_id = fields[1], fields[2], fields[6], fields[8], fields[9]
+            try:
+                hour = int(time_[1:3])
+                nbytes = int(size)
+                ip = int(ip_id)
+            except ValueError:
+                self.skipped += 1
+                return
+            package: str | None = quoted_package[1:-1] if quoted_package[:1] == '"' else None  # bare NA: missing
+            country: str | None = quoted_country[1:-1] if quoted_country[:1] == '"' else None
+        else:  # a string holds a comma or a quote: the exact parser
+            try:
+                record = parse_row(line)
+                hour, nbytes, ip = int(record["time"][:2]), record["size"], record["ip_id"]
+                package, country = record["package"], record["country"]
+            except (ValueError, TypeError):
+                self.skipped += 1
+                return
+        self.rows += 1
+        self.bytes += nbytes
+        if package is not None:
+            self.packages[package] += 1
+        self.hours[hour] += 1
+        totals = self.ips[ip]
+        totals[0] += 1
+        totals[1] += nbytes
+        self.ip_hours[ip, hour] += 1
+        if country is not None:
+            self.ip_countries[ip, country] += 1
+
+
+class Aggregates:
+    """The aggregate store of ``data_dir`` (opened on first use, in this process)."""
+
+    def __init__(self, data_dir: Path, busy_timeout: float = 10.0) -> None:
+        self.data_dir = Path(data_dir)
+        self.busy_timeout = busy_timeout  # seconds to wait for another process's transaction
+        self._db: sqlite3.Connection | None = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            path = aggregates_path(self.data_dir)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            uri = f"file:{quote(str(path))}?mode=rwc"
+            db = sqlite3.connect(
+                uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout
+            )
+            try:
+                _set_up(db, time.monotonic() + self.busy_timeout)
+            except BaseException:
+                db.close()
+                raise
+            self._db = db
+        return self._db
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def fold(self, sizes: Mapping[str, int], within: tuple[str, str] | None = None) -> int:
+        """Bring the days of ``sizes`` (day -> committed size of its file) up to date; returns
+        the rows folded in. One transaction per block of at most _READ_BLOCK bytes, so that
+        a long catch-up lets other processes' folds and reads in between. With ``within``
+        (first and last day), a day of that span that is stored but not in ``sizes`` is
+        forgotten: its file was removed."""
+        folded = 0
+        if within is not None:
+            stored = self.db.execute("SELECT day FROM files WHERE day BETWEEN ? AND ?", within).fetchall()
+            for (day,) in stored:
+                if day not in sizes:
+                    with self._transaction():
+                        self._forget(day)
+        for day, size in sizes.items():
+            row = self.db.execute("SELECT inode, consumed FROM files WHERE day = ?", (day,)).fetchone()
+            if row is not None and row[1] >= size and row[0] == _inode(self.data_dir, day):
+                continue  # up to date: an indexed read and a stat
+            while True:
+                with self._transaction():
+                    rows = self._fold_block(day, size)
+                if rows is None:
+                    break
+                folded += rows
+        return folded
+
+    def rebuild(self, sizes: Mapping[str, int]) -> int:
+        """Forget every aggregate and fold the days of ``sizes`` from their start, in ONE
+        transaction: readers see the old counts until the new ones are complete; other
+        folds wait (up to the connection's timeout) meanwhile. Returns the rows folded."""
+        folded = 0
+        with self._transaction():
+            for table in ("files", *_PER_DAY):
+                self.db.execute(f"DELETE FROM {table}")
+            for day, size in sorted(sizes.items()):
+                while (rows := self._fold_block(day, size)) is not None:
+                    folded += rows
+        return folded
+
+    def _fold_block(self, day: str, size: int) -> int | None:
+        """Fold the next block of the day's complete lines below ``size`` (in the caller's
+        transaction); the rows folded, or None when there is nothing (more) to fold."""
+        try:
+            fd = os.open(layout.day_path(self.data_dir, day), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._forget(day)
+            return None
+        try:
+            stat = os.fstat(fd)
+            row = self.db.execute("SELECT inode, consumed FROM files WHERE day = ?", (day,)).fetchone()
+            consumed = 0
+            if row is not None and row[0] == stat.st_ino and row[1] <= stat.st_size:
+                consumed = row[1]
+            elif row is not None:
+                self._forget(day)  # another file, or cut below what was folded: from its start
+            if consumed >= size:
+                return None
+            block = os.pread(fd, min(_READ_BLOCK, size - consumed), consumed)
+            end = block.rfind(b"\n") + 1
+            if end == 0:  # a line still being written (or one longer than a block: never a CRAN row)
+                return None
+            text = block[:end].decode("utf-8", "replace")
+            if consumed == 0 and text.startswith(_HEADER):
+                text = text[len(_HEADER) :]
+            sums = _Sums()
+            for line in text.splitlines():
+                sums.add(line)
+            self._add(day, stat.st_ino, consumed + end, sums)
+            return sums.rows
+        finally:
+            os.close(fd)
+
+    def _add(self, day: str, inode: int, consumed: int, sums: _Sums) -> None:
+        db = self.db
+        db.execute(
+            "INSERT INTO files (day, inode, consumed, rows, bytes, skipped) VALUES (?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (day) DO UPDATE SET inode = excluded.inode, consumed = excluded.consumed, "
+            "rows = rows + excluded.rows, bytes = bytes + excluded.bytes, skipped = skipped + excluded.skipped",
+            (day, inode, consumed, sums.rows, sums.bytes, sums.skipped),
+        )
+        add = "ON CONFLICT DO UPDATE SET downloads = downloads + excluded.downloads"
+        db.executemany(
+            f"INSERT INTO packages VALUES (?, ?, ?) {add}",
+            ((day, package, count) for package, count in sums.packages.items()),
+        )
+        db.executemany(
+            f"INSERT INTO hours VALUES (?, ?, ?) {add}",
+            ((day, hour, count) for hour, count in sums.hours.items()),
+        )
+        db.executemany(
+            "INSERT INTO ips VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET downloads = downloads + excluded.downloads, "
+            "bytes = bytes + excluded.bytes",
+            ((day, ip, totals[0], totals[1]) for ip, totals in sums.ips.items()),
+        )
+        db.executemany(
+            f"INSERT INTO ip_hours VALUES (?, ?, ?, ?) {add}",
+            ((day, ip, hour, count) for (ip, hour), count in sums.ip_hours.items()),
+        )
+        db.executemany(
+            f"INSERT INTO ip_countries VALUES (?, ?, ?, ?) {add}",
+            ((day, ip, country, count) for (ip, country), count in sums.ip_countries.items()),
+        )
+
+    def _forget(self, day: str) -> None:
+        self.db.execute("DELETE FROM files WHERE day = ?", (day,))
+        for table in _PER_DAY:
+            self.db.execute(f"DELETE FROM {table} WHERE day = ?", (day,))
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+
+def _set_up(db: sqlite3.Connection, deadline: float) -> None:
+    """WAL mode and the tables. SQLite answers "locked" at once, without its busy wait, to a
+    change of journal mode while another process opens the same new file: tried again
+    until ``deadline`` (every step can be repeated)."""
+    while True:
+        try:
+            if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _inode(data_dir: Path, day: str) -> int | None:
+    try:
+        return os.stat(layout.day_path(data_dir, day)).st_ino
+    except FileNotFoundError:
+        return None
