@@ -9,6 +9,7 @@ import os
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import orjson
 
 from tiny.codec import encode_reference
+from tiny.cranlog import iter_records
+from tiny.layout import HEADER
 from tiny.testing import (  # noqa: F401  (re-exported for the tests)
     ROOT,
     SAMPLE_DAY,
@@ -35,6 +38,25 @@ def batches(lines: tuple[bytes, ...], size: int) -> Iterator[bytes]:
     it = iter(lines)
     while chunk := list(itertools.islice(it, size)):
         yield b"".join(chunk)
+
+
+def second_day_csv() -> bytes:
+    """A second real-looking day: every third row of the sample day, dated 2014-05-06."""
+    rows = sample_csv().split(b"\n")[1:-1]
+    return HEADER + b"".join(b'"2014-05-06"' + row[12:] + b"\n" for row in rows[::3])
+
+
+def package_counts() -> dict[str, Counter[str]]:
+    """Downloads per package of the sample day and of :func:`second_day_csv`, counted here
+    (tiny.cranlog.iter_records and collections.Counter, no server)."""
+    first: Counter[str] = Counter()
+    second: Counter[str] = Counter()
+    for n, row in enumerate(iter_records(SAMPLE_DAY)):
+        if row["package"] is not None:
+            first[row["package"]] += 1
+            if n % 3 == 0:
+                second[row["package"]] += 1
+    return {"2014-05-04": first, "2014-05-06": second}
 
 
 def record(**fields: Any) -> dict[str, Any]:

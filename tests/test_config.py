@@ -138,3 +138,12 @@ def test_no_fork_needs_one_process(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         config.parse(["--no-fork", "--processes", "2"], {})
     assert config.parse(["--no-fork", "--processes", "1"], {}).no_fork is True
+
+
+def test_every_flag_is_in_the_readmes_table() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name, _, help_text in config._FLAGS:
+        if help_text is None:
+            continue  # hidden (fault injection, benchmarks)
+        flag, env = "--" + name.replace("_", "-"), "TINY_" + name.upper()
+        assert f"| `{flag}` | `{env}` |" in readme, f"{flag} is not in README's configuration table"

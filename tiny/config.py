@@ -50,6 +50,7 @@ class Config:
     stall_timeout: float = limits.STALL_TIMEOUT
     new_journal: bool = False
     no_fork: bool = False
+    public_downloads: bool = False
     lean: bool = True  # the lean way into POST /ingest (tiny.handlers.lean); off: the handler only (benchmarks)
     crash_at: str = ""  # fault injection for the crash tests (tiny.sink); not in --help
     token_source: str = ""  # where the token came from: "file", "environment" or "command line"
@@ -225,6 +226,12 @@ _FLAGS: list[tuple[str, object, str | None]] = [
         "start with a fresh journal where the data dir's is missing, damaged, replaced, from another data dir "
         "or inconsistent with the files (the old .tiny is moved aside; its keys are forgotten). Stop every "
         "other server on the data dir first",
+    ),
+    (
+        "public_downloads",
+        _boolean,
+        "serve the downloads API (/downloads, /top, /trending, /badges: counts per package, never an ip_id) "
+        "without the token, e.g. for badges in public READMEs",
     ),
     (
         "no_fork",

@@ -15,6 +15,7 @@ from tiny.handlers.analytics import (
 )
 from tiny.handlers.base import Deps
 from tiny.handlers.dashboard import DashboardHandler
+from tiny.handlers.downloads import BadgeHandler, PackageDownloadsHandler, TopHandler, TrendingHandler
 from tiny.handlers.ingest import IngestHandler
 from tiny.handlers.status import HealthHandler, MetricsHandler, NotFoundHandler
 
@@ -34,6 +35,10 @@ def make_app(deps: Deps) -> web.Application:
             (rf"/api/days/{DATE}/whales/hourly", HourlyHandler, args),
             (rf"/api/days/{DATE}/whales/([^/]+)/downloads", DownloadsHandler, args),
             (rf"/api/days/{DATE}/charts/([^/]+)\.svg", ChartHandler, args),
+            (r"/downloads/(total|daily)/([^/]+)(?:/([^/]+))?", PackageDownloadsHandler, args),
+            (r"/top/([^/]+)(?:/([^/]+))?", TopHandler, args),
+            (r"/trending/?", TrendingHandler, args),
+            (r"/badges/([^/]+)(?:/([^/]+))?", BadgeHandler, args),
         ],
         default_handler_class=NotFoundHandler,
         default_handler_args=args,

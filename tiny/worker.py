@@ -28,6 +28,7 @@ import time
 from tiny import codec, descriptors, layout, limits
 from tiny.analytics.service import Analytics
 from tiny.config import Config
+from tiny.downloads import Downloads
 from tiny.drain import Drain
 from tiny.handlers import lean
 from tiny.handlers.base import Deps, instance_name
@@ -103,11 +104,13 @@ def make_deps(config: Config, port: int) -> Deps:
         sink.open()
     except JournalError as exc:
         log.error("the journal cannot be used (every write gets 503 until it can): %s", exc)
+    analytics = Analytics.from_config(config)
     return Deps(
         config=config,
         metrics=metrics,
         sink=sink,
-        analytics=Analytics.from_config(config),
+        analytics=analytics,
+        downloads=Downloads(config.data_dir, sink, analytics),
         drain=Drain(),
         rules=IngestRules(config.max_body, config.token),
         instance=instance_name(port),

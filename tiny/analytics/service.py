@@ -280,6 +280,11 @@ class Analytics:
             raise WhaleNotFound(ip_id)
         return bytes(svg)
 
+    async def call(self, key: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
+        """``func(*args)`` in the pool (once for all concurrent callers with the same ``key``),
+        for work that needs no polars (the downloads API's: tiny.downloads)."""
+        return await self._run(key, lambda result: None, func, *args)
+
     def close(self) -> None:
         """Stop the pool, if it started: queued work is cancelled, running work is killed.
 

@@ -25,6 +25,7 @@ from tiny.sink import DailyFileSink
 
 if TYPE_CHECKING:
     from tiny.analytics.service import Analytics
+    from tiny.downloads import Downloads
     from tiny.handlers.rules import IngestRules
 
 log = logging.getLogger("tiny.handlers")
@@ -38,6 +39,7 @@ class Deps:
     metrics: Metrics
     sink: DailyFileSink
     analytics: Analytics
+    downloads: Downloads  # the CRAN downloads API (tiny.downloads)
     drain: Drain
     rules: IngestRules  # the request rules of /ingest (tiny.handlers.rules)
     instance: str  # ``<hostname>:<port>/<pid>``
