@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 
 from tests.support import SAMPLE_DAY, Response, Server, record, sample_csv
-from tiny.analytics import compute
 from tiny.analytics.names import whale_name
 from tiny.cranlog import iter_records
 from tiny.layout import HEADER
@@ -348,24 +347,6 @@ def test_a_row_being_written_is_not_counted_until_complete(server: Server) -> No
     assert {"date": "2014-05-07", "rows": 5, "bytes": path.stat().st_size} in ok(server, "/api/days")["days"]
 
 
-def test_row_count_is_incremental_and_exact(tmp_path: Path) -> None:
-    """count_rows counts only what was appended since its last count, unless the bytes before changed."""
-    path, rng, content = tmp_path / "day.csv", random.Random(7), b"header\n"
-    for _ in range(1500):
-        roll = rng.random()
-        if roll < 0.94:  # append rows, maybe ending in a partial one
-            content += b"".join(b"r" * rng.randint(0, 300) + b"\n" for _ in range(rng.randint(0, 5)))
-            content += b"p" * rng.randint(0, 3)
-        elif roll < 0.97:  # cut back
-            content = content[: len(content) - rng.randint(0, 2000)]
-        else:  # cut back and rewritten with other bytes
-            cut = max(len(content) - rng.randint(0, 2000), 0)
-            content = content[:cut] + bytes(10 if c == ord("r") else ord("r") for c in content[cut:])
-        path.write_bytes(content)
-        size = rng.randint(0, len(content)) if rng.random() < 0.1 else len(content)
-        assert compute.count_rows(str(path), size) == max(content[:size].count(b"\n") - 1, 0)
-
-
 @pytest.mark.parametrize("day, odd", [("2014-05-08", "NA"), ("2014-05-11", 'a,"b"')])
 def test_quoted_na_is_a_string_and_bare_na_is_missing(server: Server, day: str, odd: str) -> None:
     """Namibia's country code is "NA", a bare NA is a missing value; also when a string holds a comma
@@ -494,7 +475,9 @@ def test_too_many_queued_queries_are_503(tmp_path: Path) -> None:
             responses = list(pool.map(fetch, paths))
     busy = [r for r in responses if r.status == 503]
     assert {r.status for r in responses} == {200, 503} and busy
-    assert error(busy[0])[1] == "analytics are busy; try again" and busy[0].headers["retry-after"] == "1"
+    message = error(busy[0])[1]
+    assert message.startswith("analytics are busy: ") and "queued" in message and message.endswith("; try again")
+    assert busy[0].headers["retry-after"] == "1"
 
 
 HOSTILE = [
@@ -622,3 +605,77 @@ def test_days_are_listed_page_by_page_off_the_event_loop(tmp_path: Path, figures
     assert [d["date"] for d in seen] == sorted(d["date"] for d in seen)
     assert [d["rows"] for d in seen] == [n % 3 for n in range(15_000)]
     assert max(latencies) < 0.3, f"/healthz waited {max(latencies):.2f} s behind /api/days"
+
+
+def test_a_query_reading_a_second_days_rows_at_once_is_503_saying_so(tmp_path: Path, truth: Truth) -> None:
+    """The rows of one day file at a time per worker: a query of another day is refused at
+    once, and says why; queries of the day being read share its rows and are answered."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / f"{DAY}.csv").write_bytes(sample_csv())
+    (tmp_path / "data" / "2014-05-05.csv").write_bytes(sample_csv())
+    first, second = truth.ranked(2)
+    paths = [
+        f"/api/days/{DAY}/whales/{first}/downloads",
+        f"/api/days/{DAY}/charts/detail.svg?ip_id={second}",
+        f"/api/days/2014-05-05/whales/{first}/downloads",
+    ]
+    with Server(tmp_path / "data") as running:
+        barrier = threading.Barrier(len(paths))
+
+        def fetch(path: str) -> Response:
+            barrier.wait()
+            if "05-05" in path:
+                time.sleep(0.2)  # the other two are in first
+            return get(running, path)
+
+        with ThreadPoolExecutor(len(paths)) as pool:
+            responses = list(pool.map(fetch, paths))
+    assert [r.status for r in responses] == [200, 200, 503]
+    assert "a query reading another day's rows is running in this process (at most 1 at once" in error(responses[2])[1]
+
+
+def _cpu_quota_of(pid: int) -> tuple[str, int] | None:
+    """The cgroup v1 cpu group of ``pid`` and its quota (µs per 100 ms), None if in the root group."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(",") and path != "/":
+            quota = Path("/sys/fs/cgroup/cpu") / path.lstrip("/") / "cpu.cfs_quota_us"
+            return path, int(quota.read_text())
+    return None
+
+
+@pytest.mark.skipif(
+    not os.access("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", os.W_OK)
+    or not Path("/proc/self/cgroup").read_text().count(":cpu:/\n"),
+    reason="needs a writable cgroup v1 cpu controller with this test in its root group (this machine kind has one)",
+)
+def test_the_analytics_processes_of_all_workers_share_one_cpu_quota(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / f"{DAY}.csv").write_bytes(sample_csv())
+    with Server(tmp_path / "data", "--analytics-cpu", "0.3", processes=2) as running:
+        for _ in range(8):  # both workers start their pool
+            ok(running, f"/api/days/{DAY}/summary?top={random.randint(1, 100)}")
+        pools = _pool_processes(running)
+        groups = {_cpu_quota_of(pid) for pid in pools}
+        workers = {_cpu_quota_of(pid) for pid in running.worker_pids()}
+        assert "analytics CPU: cgroup v1" in running.log()
+    assert len(pools) == 2 and len(groups) == 1
+    ((path, quota),) = groups
+    assert path.startswith("/tiny-analytics-") and quota == 30_000
+    assert workers == {None}  # the workers that serve /ingest are not limited
+    assert not (Path("/sys/fs/cgroup/cpu") / path.lstrip("/")).exists()  # removed when the server stopped
+
+
+def test_the_dashboard_reads_its_writes_from_any_process(tmp_path: Path) -> None:
+    """Two workers: each answer given after a POST's 200 counts that POST's rows."""
+    day = "2014-05-12"
+    with Server(tmp_path / "data", processes=2) as running:
+        expected = 0
+        for n in range(1, 13):
+            body = b"\n".join(json.dumps(record(date=day, ip_id=n % 3 + 1)).encode() for _ in range(n))
+            assert running.ingest(body).status == 200
+            expected += n
+            assert ok(running, f"/api/days/{day}/summary?top=3")["downloads"] == expected
+            whales = ok(running, f"/api/days/{day}/whales?top=3")["whales"]
+            assert sum(w["downloads"] for w in whales) == expected
+        assert len({get(running, "/healthz").json()["instance"] for _ in range(40)}) == 2

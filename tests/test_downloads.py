@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -23,8 +24,9 @@ import orjson
 import pytest
 
 from tests.support import ROOT, SAMPLE_DAY, Server, package_counts, record, sample_csv, second_day_csv
-from tiny import badges
+from tiny import aggregates, badges
 from tiny.aggregates import Aggregates
+from tiny.analytics import store as dashboard
 from tiny.cranlog import iter_records
 from tiny.downloads import Period, parse_packages, parse_period
 from tiny.layout import HEADER
@@ -178,8 +180,43 @@ def test_the_store_keeps_hours_and_ip_ids_exact(tmp_path: Path) -> None:
         ips[r["ip_id"]] += 1
         size += r["size"]
     assert dict(store.db.execute("SELECT hour, downloads FROM hours WHERE day = ?", (DAY,))) == hours
-    assert dict(store.db.execute("SELECT ip_id, downloads FROM ips WHERE day = ?", (DAY,))) == ips
-    assert store.db.execute("SELECT rows, bytes FROM files WHERE day = ?", (DAY,)).fetchone() == (77_107, size)
+    stored = store.db.execute("SELECT ip, downloads FROM ips WHERE day = ?", (DAY,))
+    assert {ip + aggregates.IP_OFFSET: n for ip, n in stored} == ips
+    rows, hi, lo = store.db.execute("SELECT rows, bytes_hi, bytes_lo FROM files WHERE day = ?", (DAY,)).fetchone()
+    assert (rows, aggregates.join_bytes(hi, lo)) == (77_107, size)
+
+
+def test_ip_ids_and_sizes_up_to_2_to_the_64_neither_break_nor_skew_the_counts(tmp_path: Path) -> None:
+    biggest = 2**64 - 1
+    path = tmp_path / f"{DAY}.csv"
+    row = f'"{DAY}","23:59:59",{biggest},"3.1.0","x86_64","linux-gnu","huge","1.0","DE",{biggest}\n'.encode()
+    path.write_bytes(HEADER + row * 3 + csv_row("small", ip_id=1))
+    store = Aggregates(tmp_path)
+    assert store.fold(sizes_of(tmp_path)) == 4
+    append_rows(path, [row])  # a second fold adds to the stored sums
+    assert store.fold(sizes_of(tmp_path)) == 1
+    top = dashboard.day_aggregate(store, DAY, 2)
+    assert top is not None
+    assert top["bytes"] == 4 * biggest + 1000 and top["downloads"] == 5
+    whales = [(w["ip_id"], w["downloads"], w["bytes"]) for w in top["whales"]]
+    assert whales == [(biggest, 4, 4 * biggest), (1, 1, 1000)]
+    assert store_counts(tmp_path)[DAY] == {"huge": 4, "small": 1}
+
+
+def test_a_store_of_an_older_version_is_counted_again(tmp_path: Path, truth: dict[str, Counter[str]]) -> None:
+    write_days(tmp_path)
+    path = aggregates.aggregates_path(tmp_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = sqlite3.connect(path)  # the first version's table, with a count that is wrong now
+    old.executescript(
+        "CREATE TABLE files (day TEXT PRIMARY KEY, inode INTEGER, consumed INTEGER, rows INTEGER, bytes INTEGER, "
+        "skipped INTEGER); INSERT INTO files VALUES ('2014-05-04', 1, 999999999, 5, 5, 0);"
+    )
+    old.close()
+    store = Aggregates(tmp_path)
+    assert store.fold(sizes_of(tmp_path)) == 77_107 + 25_703
+    store.close()
+    assert store_counts(tmp_path) == truth
 
 
 def append_rows(path: Path, rows: list[bytes]) -> None:

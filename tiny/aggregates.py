@@ -38,32 +38,53 @@ from tiny import layout
 from tiny.cranlog import parse_row
 from tiny.layout import HEADER
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS files (
+_VERSION = 2  # PRAGMA user_version: a store of another version is emptied and counted again
+_TABLES = (
+    """CREATE TABLE files (
     day TEXT PRIMARY KEY, inode INTEGER NOT NULL, consumed INTEGER NOT NULL,
-    rows INTEGER NOT NULL, bytes INTEGER NOT NULL, skipped INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS packages (
+    rows INTEGER NOT NULL, bytes_hi INTEGER NOT NULL, bytes_lo INTEGER NOT NULL, skipped INTEGER NOT NULL
+) WITHOUT ROWID""",
+    """CREATE TABLE packages (
     day TEXT NOT NULL, package TEXT NOT NULL, downloads INTEGER NOT NULL, PRIMARY KEY (day, package)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS hours (
+) WITHOUT ROWID""",
+    """CREATE TABLE hours (
     day TEXT NOT NULL, hour INTEGER NOT NULL, downloads INTEGER NOT NULL, PRIMARY KEY (day, hour)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS ips (
-    day TEXT NOT NULL, ip_id INTEGER NOT NULL, downloads INTEGER NOT NULL, bytes INTEGER NOT NULL,
-    PRIMARY KEY (day, ip_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS ip_hours (
-    day TEXT NOT NULL, ip_id INTEGER NOT NULL, hour INTEGER NOT NULL, downloads INTEGER NOT NULL,
-    PRIMARY KEY (day, ip_id, hour)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS ip_countries (
-    day TEXT NOT NULL, ip_id INTEGER NOT NULL, country TEXT NOT NULL, downloads INTEGER NOT NULL,
-    PRIMARY KEY (day, ip_id, country)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS packages_by_name ON packages (package, day);
-"""
+) WITHOUT ROWID""",
+    """CREATE TABLE ips (
+    day TEXT NOT NULL, ip INTEGER NOT NULL, downloads INTEGER NOT NULL,
+    bytes_hi INTEGER NOT NULL, bytes_lo INTEGER NOT NULL, PRIMARY KEY (day, ip)
+) WITHOUT ROWID""",
+    """CREATE TABLE ip_hours (
+    day TEXT NOT NULL, ip INTEGER NOT NULL, hour INTEGER NOT NULL, downloads INTEGER NOT NULL,
+    PRIMARY KEY (day, ip, hour)
+) WITHOUT ROWID""",
+    """CREATE TABLE ip_countries (
+    day TEXT NOT NULL, ip INTEGER NOT NULL, country TEXT NOT NULL, downloads INTEGER NOT NULL,
+    PRIMARY KEY (day, ip, country)
+) WITHOUT ROWID""",
+    "CREATE INDEX packages_by_name ON packages (package, day)",
+    "CREATE INDEX ips_by_downloads ON ips (day, downloads DESC, ip)",  # a day's top whales: an index range
+)
 _PER_DAY = ("packages", "hours", "ips", "ip_hours", "ip_countries")
+# SQLite integers are signed 64-bit; ip_ids and sizes are unsigned 64-bit (and byte sums grow
+# past 2^64). An ip_id is stored minus 2^63 (order kept: the top whales' ties stay by ip_id);
+# a byte total as two columns, hi = total >> 32 and lo = total & 0xFFFFFFFF, carried on every
+# add, so that it stays exact while hi fits 63 bits: up to 2^95 bytes per day and ip_id.
+IP_OFFSET = 1 << 63
+_U64 = 1 << 64
+_LO = 0xFFFFFFFF
+# (SQLite evaluates every SET expression on the row as it was: lo's carry goes into hi.)
+_ADD_BYTES = (
+    "bytes_hi = bytes_hi + excluded.bytes_hi + ((bytes_lo + excluded.bytes_lo) >> 32), "
+    "bytes_lo = (bytes_lo + excluded.bytes_lo) & 4294967295"
+)
+
+
+def join_bytes(hi: int, lo: int) -> int:
+    """A byte total from its two stored columns."""
+    return (hi << 32) + lo
+
+
 _READ_BLOCK = 8 * 1024**2  # bytes folded per step: memory stays bounded on a big day
 _HEADER = HEADER.decode()
 
@@ -98,6 +119,9 @@ class _Sums:
             except ValueError:
                 self.skipped += 1
                 return
+            if not (0 <= hour < 24 and 0 <= nbytes < _U64 and 0 < ip < _U64):
+                self.skipped += 1  # not a row the sink writes (a file edited by hand)
+                return
             package: str | None = quoted_package[1:-1] if quoted_package[:1] == '"' else None  # bare NA: missing
             country: str | None = quoted_country[1:-1] if quoted_country[:1] == '"' else None
         else:  # a string holds a comma or a quote: the exact parser
@@ -106,6 +130,9 @@ class _Sums:
                 hour, nbytes, ip = int(record["time"][:2]), record["size"], record["ip_id"]
                 package, country = record["package"], record["country"]
             except (ValueError, TypeError):
+                self.skipped += 1
+                return
+            if not (0 <= hour < 24 and isinstance(nbytes, int) and isinstance(ip, int) and 0 < ip < _U64):
                 self.skipped += 1
                 return
         self.rows += 1
@@ -224,11 +251,12 @@ class Aggregates:
 
     def _add(self, day: str, inode: int, consumed: int, sums: _Sums) -> None:
         db = self.db
+        hi, lo = sums.bytes >> 32, sums.bytes & _LO
         db.execute(
-            "INSERT INTO files (day, inode, consumed, rows, bytes, skipped) VALUES (?, ?, ?, ?, ?, ?) "
+            "INSERT INTO files (day, inode, consumed, rows, bytes_hi, bytes_lo, skipped) VALUES (?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (day) DO UPDATE SET inode = excluded.inode, consumed = excluded.consumed, "
-            "rows = rows + excluded.rows, bytes = bytes + excluded.bytes, skipped = skipped + excluded.skipped",
-            (day, inode, consumed, sums.rows, sums.bytes, sums.skipped),
+            f"rows = rows + excluded.rows, {_ADD_BYTES}, skipped = skipped + excluded.skipped",
+            (day, inode, consumed, sums.rows, hi, lo, sums.skipped),
         )
         add = "ON CONFLICT DO UPDATE SET downloads = downloads + excluded.downloads"
         db.executemany(
@@ -240,17 +268,16 @@ class Aggregates:
             ((day, hour, count) for hour, count in sums.hours.items()),
         )
         db.executemany(
-            "INSERT INTO ips VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET downloads = downloads + excluded.downloads, "
-            "bytes = bytes + excluded.bytes",
-            ((day, ip, totals[0], totals[1]) for ip, totals in sums.ips.items()),
+            f"INSERT INTO ips VALUES (?, ?, ?, ?, ?) {add}, {_ADD_BYTES}",
+            ((day, ip - IP_OFFSET, count, size >> 32, size & _LO) for ip, (count, size) in sums.ips.items()),
         )
         db.executemany(
             f"INSERT INTO ip_hours VALUES (?, ?, ?, ?) {add}",
-            ((day, ip, hour, count) for (ip, hour), count in sums.ip_hours.items()),
+            ((day, ip - IP_OFFSET, hour, count) for (ip, hour), count in sums.ip_hours.items()),
         )
         db.executemany(
             f"INSERT INTO ip_countries VALUES (?, ?, ?, ?) {add}",
-            ((day, ip, country, count) for (ip, country), count in sums.ip_countries.items()),
+            ((day, ip - IP_OFFSET, country, count) for (ip, country), count in sums.ip_countries.items()),
         )
 
     def _forget(self, day: str) -> None:
@@ -270,20 +297,40 @@ class Aggregates:
 
 
 def _set_up(db: sqlite3.Connection, deadline: float) -> None:
-    """WAL mode and the tables. SQLite answers "locked" at once, without its busy wait, to a
-    change of journal mode while another process opens the same new file: tried again
-    until ``deadline`` (every step can be repeated)."""
+    """WAL mode and the tables of _VERSION (a store of another version, or an older one
+    without a version, is emptied: counted again from the files by the next folds). SQLite
+    answers "locked" at once, without its busy wait, to a change of journal mode while
+    another process opens the same new file: tried again until ``deadline`` (every step can
+    be repeated)."""
     while True:
         try:
             if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_SCHEMA)
+            if db.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
+                _create(db)
             return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
+
+
+def _create(db: sqlite3.Connection) -> None:
+    """The tables of _VERSION in place of whatever is there, in one transaction (DDL is
+    transactional in SQLite: a second process doing the same waits, then finds it done)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if db.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
+            for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+                db.execute(f'DROP TABLE "{table}"')
+            for statement in _TABLES:
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {_VERSION}")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 def _inode(data_dir: Path, day: str) -> int | None:

@@ -41,6 +41,7 @@ class Config:
     analytics_processes: int = limits.ANALYTICS_PROCESSES
     analytics_threads: int = limits.ANALYTICS_THREADS
     analytics_nice: str = "idle"
+    analytics_cpu: float = limits.ANALYTICS_CPU
     analytics_max_queued: int = limits.ANALYTICS_MAX_QUEUED
     analytics_cache_bytes: int = limits.ANALYTICS_CACHE_BYTES
     idempotency_window: float = limits.IDEMPOTENCY_WINDOW
@@ -124,6 +125,17 @@ def _niceness(text: str) -> str:
     return text
 
 
+def _cpus(text: str) -> float:
+    """A number of CPUs, 0 or more (0.25: a quarter of one)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a number of CPUs, e.g. 0.25") from None
+    if not 0 <= value <= 1024:
+        raise argparse.ArgumentTypeError("must be from 0 to 1024")
+    return value
+
+
 def _journal_mode(text: str) -> str:
     if text not in ("wal", "delete"):
         raise argparse.ArgumentTypeError("must be 'wal' or 'delete'")
@@ -198,6 +210,12 @@ _FLAGS: list[tuple[str, object, str | None]] = [
     ("analytics_processes", _positive_int, "analytics pool processes per worker (started on the first query)"),
     ("analytics_threads", _positive_int, "polars threads in each analytics pool process"),
     ("analytics_nice", _niceness, "CPU priority of the analytics pool: 'idle' (SCHED_IDLE) or a nice value 0-19"),
+    (
+        "analytics_cpu",
+        _cpus,
+        "CPUs all analytics pool processes of the server may use together (a cgroup quota where one can be "
+        "made); 0 = no quota",
+    ),
     ("analytics_max_queued", _positive_int, "distinct analytics computations queued per worker before 503"),
     ("analytics_cache_bytes", _positive_size, "analytics results cached per worker, in bytes (or 64MiB)"),
     ("idempotency_window", _seconds, "seconds an Idempotency-Key is kept at least (a retry within it writes nothing)"),

@@ -47,6 +47,7 @@ from types import FrameType
 from typing import Any
 
 from tiny import __version__, codec, descriptors, metrics, profiling
+from tiny.analytics import cpu
 from tiny.config import Config
 from tiny.heartbeat import Heartbeats
 from tiny.journal import Journal, JournalError
@@ -183,10 +184,14 @@ def serve(config: Config) -> int:
             nofile,
             f"bearer token from the {config.token_source}" if config.token else "no token",
         )
+        # before the fork: every worker's pool processes share the one quota
+        cpu.prepare(config.analytics_cpu, f"tiny-analytics-{os.getpid()}")
+        log.info("analytics CPU: %s", cpu.MODE)
         if in_process:  # no fork: kernprof and debuggers see the work in this process
             return run_worker(config, sockets[0])
         return _Supervisor(config, sockets).run()
     finally:
+        cpu.remove(cpu.CGROUP)
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 

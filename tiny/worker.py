@@ -28,7 +28,6 @@ import time
 from tiny import codec, descriptors, layout, limits
 from tiny.analytics.service import Analytics
 from tiny.config import Config
-from tiny.downloads import Downloads
 from tiny.drain import Drain
 from tiny.handlers import lean
 from tiny.handlers.base import Deps, instance_name
@@ -36,6 +35,7 @@ from tiny.handlers.rules import IngestRules
 from tiny.heartbeat import BEAT_SECONDS, Heartbeats
 from tiny.httpserver import TinyHTTPServer
 from tiny.journal import Journal, JournalError
+from tiny.live import Live
 from tiny.metrics import Metrics
 from tiny.routes import make_app
 from tiny.sink import DailyFileSink
@@ -110,7 +110,7 @@ def make_deps(config: Config, port: int) -> Deps:
         metrics=metrics,
         sink=sink,
         analytics=analytics,
-        downloads=Downloads(config.data_dir, sink, analytics),
+        live=Live(config.data_dir, sink, analytics),
         drain=Drain(),
         rules=IngestRules(config.max_body, config.token),
         instance=instance_name(port),

@@ -1,4 +1,4 @@
-"""The benchmark harness behind bench/run.py and bench/analytics_bench.py, one module per role:
+"""The benchmark harness behind bench/run.py and bench/reads_bench.py, one module per role:
 ``bodies`` writes the request bodies from the sample day; ``proc`` is the one /proc reader
 (process trees, CPU-seconds per process, the machine's busy CPU, RSS, load average, the key
 store's size); ``services`` starts and stops the server configurations (LocalServer,

@@ -1,16 +1,18 @@
-"""Download analytics over the day files ("whales"), computed in a process pool off the ingest path.
+"""Download analytics over the day files ("whales"), answered off the ingest path.
 
 Who downloaded most on a day (the whales), how their traffic compares with everyone's hour by
-hour, and what exactly one whale downloaded, like the cranwhales app, read from the day files
-themselves so that every worker process and every container answers the same.
+hour, and what exactly one whale downloaded, like the cranwhales app. Every worker process and
+every container answers the same: the answers come from the live aggregate store of the data
+dir (tiny.aggregates), or, for one whale's own downloads, from the day file's rows.
 
-Split at the process boundary:
-
-- :mod:`tiny.analytics.service`: the worker side, one ``Analytics`` per worker process (cache,
-  single flight, the pool it owns and closes);
-- :mod:`tiny.analytics.compute`: the pool side (read, parse, aggregate, one whale's downloads,
-  their caches), with :mod:`tiny.analytics.names` for the whale names;
-- :mod:`tiny.analytics.charts`: the dashboard's matplotlib charts, drawn in the pool.
+- :mod:`tiny.analytics.store`: the dashboard's answers and charts from the aggregates (in the
+  pool, after tiny.live folded the day up to its committed size);
+- :mod:`tiny.analytics.service`: the worker side, one ``Analytics`` per worker process: the
+  pool it owns and closes (single flight, queue bound), and the queries that read rows;
+- :mod:`tiny.analytics.compute`: the pool side of those (polars: read, parse, one whale's
+  downloads), with :mod:`tiny.analytics.names` for the whale names;
+- :mod:`tiny.analytics.charts`: the dashboard's matplotlib charts, drawn in the pool;
+- :mod:`tiny.analytics.cpu`: the pool processes' shared CPU quota (a cgroup).
 
 The HTTP handlers are in :mod:`tiny.handlers.analytics`.
 """

@@ -1,8 +1,9 @@
 """The dashboard's charts: matplotlib figures drawn as SVG, in an analytics pool process.
 
-:func:`chart_job` is the pool job the worker submits (see :mod:`tiny.analytics.service`);
-the ``render_*`` functions draw one view each from the results of
-:mod:`tiny.analytics.compute`. Element ids (``gid``) name what the tests count.
+:func:`render` draws the ``traffic``, ``whales`` and ``hourly`` views from a day's aggregate
+(tiny.analytics.store, small data: 24 hours and N whales); :func:`detail_job` draws one
+ip_id's downloads from the rows (tiny.analytics.compute, polars), the one view that reads
+them. Element ids (``gid``) name what the tests count.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
-from tiny.analytics.compute import HOURS, DayFile, day_aggregate, frame_of
+from tiny.analytics.compute import HOURS, DayFile, frame_of
 from tiny.analytics.names import whale_name
 
 if TYPE_CHECKING:  # imported in the pool process only: workers never load matplotlib
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # imported in the pool process only: workers never load matpl
     from matplotlib.figure import Figure
 
 VIEWS = ("traffic", "whales", "hourly", "detail")
+FROM_AGGREGATES = ("traffic", "whales", "hourly")  # the others read rows
 _DETAIL_PACKAGES = 30  # packages named on the detail chart's y axis; the rest are "other"
 
 _WHALE_COLOR = "#e4572e"
@@ -191,15 +193,19 @@ def render_detail(date: str, frame: pl.DataFrame, ip_id: int) -> bytes | None:
     return _svg(figure)
 
 
-def chart_job(day: DayFile, view: str, top: int, ip_id: int | None) -> bytes | None:
-    """Pool job: one view of a day as SVG bytes; None when ``detail``'s ip_id has no downloads."""
-    aggregate = day_aggregate(day)
-    whales = aggregate["whales"][:top]
+def render(view: str, date: str, aggregate: dict[str, Any]) -> bytes:
+    """One of the views drawn from a day's aggregate (tiny.analytics.store.day_aggregate: its
+    whales are the top N to show): ``traffic``, ``whales`` or ``hourly``."""
+    whales = aggregate["whales"]
     if view == "traffic":
-        return render_traffic(day.date, aggregate, whales)
+        return render_traffic(date, aggregate, whales)
     if view == "whales":
-        return render_whales(day.date, whales)
-    if view == "hourly":
-        return render_hourly(day.date, whales)
-    assert view == "detail" and ip_id is not None
+        return render_whales(date, whales)
+    assert view == "hourly"
+    return render_hourly(date, whales)
+
+
+def detail_job(day: DayFile, ip_id: int) -> bytes | None:
+    """Pool job: the ``detail`` view of one ip_id (read from the rows, with polars); None when
+    it has no downloads that day."""
     return render_detail(day.date, frame_of(day), ip_id)

@@ -1,9 +1,10 @@
-"""The pool side of the analytics: read a day file, aggregate it, answer one whale's downloads.
+"""The pool side of the queries that read a day's rows: one ip_id's downloads (and its chart).
 
-Everything here runs in an analytics pool process (see :mod:`tiny.analytics.service`), never
-in a worker serving HTTP: the ``*_job`` functions are what the worker submits, and they
-return small, picklable results. The pool process keeps the parsed frame and the aggregate
-of its last ``_FRAME_CACHE`` file versions.
+Everything else the dashboard shows comes from the aggregate store (tiny.analytics.store).
+This runs in an analytics pool process (see :mod:`tiny.analytics.service`), never in a
+worker serving HTTP, within the server's analytics CPU quota (tiny.analytics.cpu): the
+``*_job`` functions are what the worker submits, and they return small, picklable results.
+The pool process keeps the parsed frames of its last ``_FRAME_CACHE`` file versions.
 
 Reading a file that is being appended to: a job reads exactly the first ``size`` bytes (the
 stat its :class:`DayFile` came from) and ignores a last line without its LF (a write in
@@ -12,8 +13,7 @@ progress).
 Engine: polars reads the day CSV with quote processing off (bare ``NA`` is missing, a quoted
 ``"NA"`` stays the string NA, e.g. Namibia's country code) and unquotes the strings itself;
 a file whose strings hold commas falls back to the exact pure-Python parser
-(:func:`tiny.cranlog.parse_row`). bench/analytics_bench.py measured polars against the
-pure-Python reader (see BENCHMARKS.md).
+(:func:`tiny.cranlog.parse_row`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from tiny.analytics import cpu
 from tiny.analytics.names import whale_name
 from tiny.layout import COLUMNS
 
@@ -37,19 +39,16 @@ if TYPE_CHECKING:  # imported in the pool process only: workers never load polar
     import polars as pl
 
 DEFAULT_TOP = 6
-MAX_TOP = 100  # the aggregate of a day holds this many whales; any top N <= MAX_TOP is derived from it
+MAX_TOP = 100  # whales a dashboard query may ask for (``top``)
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 100_000
 HOURS = 24
 _FRAME_CACHE = 2  # parsed day files a pool process keeps
 _PARENT_POLL_SECONDS = 1.0
-_TAIL = 256
 _STRING_COLUMNS = ("time", "package", "version", "country")
 _USED_COLUMNS = ("time", "size", "package", "version", "country", "ip_id")
 
 _frames: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
-_aggregates: OrderedDict[tuple[str, int, int], dict[str, Any]] = OrderedDict()
-_counted: dict[str, tuple[int, int, bytes]] = {}  # path -> (bytes counted, LFs in them, their last _TAIL bytes)
 
 
 def dumps(value: Any) -> bytes:
@@ -75,8 +74,9 @@ class DayFile:
         return (self.size, self.mtime_ns)
 
 
-def pool_init(parent: int, threads: int, niceness: str) -> None:
-    """Runs first in each pool process: threads, priority, signals, and the parent watch."""
+def pool_init(parent: int, threads: int, niceness: str, cgroup: Path | None = None) -> None:
+    """Runs first in each pool process: CPU quota, threads, priority, signals, the parent watch."""
+    cpu.join(cgroup)
     os.environ["POLARS_MAX_THREADS"] = str(threads)  # read when polars is first imported
     os.environ.setdefault("MPLBACKEND", "Agg")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the worker decides
@@ -103,35 +103,6 @@ def read_complete_lines(path: str, size: int) -> bytes:
     with open(path, "rb") as handle:
         data = handle.read(size)
     return data[: data.rfind(b"\n") + 1]
-
-
-def count_rows(path: str, size: int) -> int:
-    """Rows (complete lines after the header) among the first ``size`` bytes of a day file.
-
-    Incremental: a file that grew since the last count in this process is counted from where
-    that count stopped, if the bytes just before that point are still the same (a flush the
-    sink cut back and rewrote differently gets a full recount).
-    """
-    known = _counted.pop(path, None)
-    start, lines, tail = 0, 0, b""
-    with open(path, "rb") as handle:
-        if known is not None and known[0] <= size:
-            handle.seek(known[0] - len(known[2]))
-            if handle.read(len(known[2])) == known[2]:
-                start, lines, tail = known
-        handle.seek(start)
-        left = size - start
-        while left > 0:
-            chunk = handle.read(min(left, 1 << 20))
-            if not chunk:
-                break
-            lines += chunk.count(b"\n")
-            left -= len(chunk)
-            tail = (tail + chunk)[-_TAIL:]
-    _counted[path] = (size - left, lines, tail)
-    while len(_counted) > 64:
-        del _counted[next(iter(_counted))]
-    return max(lines - 1, 0)
 
 
 def _schema() -> dict[str, Any]:
@@ -205,55 +176,6 @@ def frame_of(day: DayFile) -> pl.DataFrame:
     return frame
 
 
-def aggregate_frame(frame: pl.DataFrame, date: str) -> dict[str, Any]:
-    """Totals, hourly counts and the top MAX_TOP whales (with their hourly counts) of a day.
-
-    Whales: most downloads first, ties by smaller ip_id; country is the whale's most frequent
-    non-missing country (ties: alphabetical first), None when it never had one.
-    """
-    import polars as pl
-
-    per_ip = frame.group_by("ip_id").agg(downloads=pl.len(), bytes=_total("size"))
-    top = per_ip.sort(["downloads", "ip_id"], descending=[True, False]).head(MAX_TOP)
-    ids = top["ip_id"].to_list()
-    mine = frame.filter(pl.col("ip_id").is_in(ids))
-    countries = (
-        mine.drop_nulls("country")
-        .group_by(["ip_id", "country"])
-        .len()
-        .sort(["ip_id", "len", "country"], descending=[False, True, False])
-        .group_by("ip_id", maintain_order=True)
-        .first()
-    )
-    country = dict(zip(countries["ip_id"].to_list(), countries["country"].to_list(), strict=True))
-    hourly: dict[int, list[int]] = {ip: [0] * HOURS for ip in ids}
-    for ip, hour, n in mine.drop_nulls("hour").group_by(["ip_id", "hour"]).len().iter_rows():
-        if 0 <= hour < HOURS:
-            hourly[ip][hour] = n
-    hourly_all = [0] * HOURS
-    for hour, n in frame.drop_nulls("hour").group_by("hour").len().iter_rows():
-        if 0 <= hour < HOURS:
-            hourly_all[hour] = n
-    whales = [
-        {
-            "ip_id": ip,
-            "name": whale_name(date, ip),
-            "country": country.get(ip),
-            "downloads": n,
-            "bytes": int(size or 0),
-            "hourly": hourly[ip],
-        }
-        for ip, n, size in top.select("ip_id", "downloads", "bytes").iter_rows()
-    ]
-    return {
-        "downloads": frame.height,
-        "bytes": int(frame.select(_total("size")).item() or 0),
-        "downloaders": frame["ip_id"].n_unique(),
-        "hourly": hourly_all,
-        "whales": whales,
-    }
-
-
 def _total(column: str) -> pl.Expr:
     """The exact sum of a UInt64 column: 128-bit, where a 64-bit sum wraps (2 x (2^64-1) = 2^64-2)."""
     import polars as pl
@@ -282,27 +204,6 @@ def whale_downloads(frame: pl.DataFrame, date: str, ip_id: int, limit: int) -> d
         "truncated": mine.height > limit,
         "downloads": ordered.head(limit).select("time", "package", "version", "size").to_dicts(),
     }
-
-
-def day_aggregate(day: DayFile) -> dict[str, Any]:
-    """:func:`aggregate_frame` of a day file version, cached in this pool process."""
-    key = (day.path, day.size, day.mtime_ns)
-    aggregate = _aggregates.get(key)
-    if aggregate is None:
-        aggregate = _aggregates[key] = aggregate_frame(frame_of(day), day.date)
-        while len(_aggregates) > _FRAME_CACHE * 2:
-            _aggregates.popitem(last=False)
-    return aggregate
-
-
-def count_rows_job(days: tuple[DayFile, ...]) -> list[int]:
-    """Pool job: the row counts of several day files (one job however many files)."""
-    return [count_rows(day.path, day.size) for day in days]
-
-
-def aggregate_job(day: DayFile) -> dict[str, Any]:
-    """Pool job: the day's aggregate (see :func:`aggregate_frame`)."""
-    return day_aggregate(day)
 
 
 def downloads_job(day: DayFile, ip_id: int, limit: int) -> bytes | None:

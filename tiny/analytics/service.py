@@ -1,31 +1,32 @@
 """The worker side of the analytics: one :class:`Analytics` per worker process, which owns its pool.
 
-Queries come in from the ``/api`` handlers (:mod:`tiny.handlers.analytics`); the parsing,
-aggregation and chart drawing run in a ``ProcessPoolExecutor`` of ``--analytics-processes``
+Every analytics computation runs in a ``ProcessPoolExecutor`` of ``--analytics-processes``
 processes started with "spawn" (nothing of the worker's event loop, sockets or locks is
-inherited), created on the first query. The worker only stats files and awaits small results
-(dicts, lists, SVG bytes), so a query never blocks the event loop that serves ``/ingest``.
-Pool processes run at the lowest CPU priority (``--analytics-nice``, default SCHED_IDLE) with
-polars on ``--analytics-threads`` threads, so the ingest workers always win the CPU; each one
-exits when its worker process is gone. At most ``--analytics-max-queued`` distinct
-computations wait: past that a query is refused (:class:`Busy`, a 503) rather than queued
-without bound. :meth:`Analytics.close` stops the pool.
+inherited), created on the first query: the answers from the live aggregates (tiny.live,
+through :meth:`Analytics.call`) and the queries that read a day's rows with polars (one
+ip_id's downloads, the ``detail`` chart: the methods here). The worker only stats files and
+awaits small results (JSON or SVG bytes), so a query never blocks the event loop that serves
+``/ingest``.
 
-Caching. A day file only grows (the sink appends; a failed flush may cut it back), so
-``(path, size, mtime_ns)`` names one version of it. The worker keeps the results computed for
-the current version of each file in one LRU bounded in bytes (``--analytics-cache-bytes``;
-a result is counted by the size of its JSON or SVG); a new version replaces them. Big answers
-(one whale's downloads, charts) come from the pool already serialised, so the worker only
-sends bytes. Concurrent identical queries share one computation.
+CPU: the pool processes of every worker of a server share one cgroup quota of
+``--analytics-cpu`` CPUs where one can be made (tiny.analytics.cpu), and run at
+``--analytics-nice`` (default SCHED_IDLE) within it, polars on ``--analytics-threads``
+threads; each one exits when its worker process is gone. Concurrency: at most
+``--analytics-max-queued`` distinct computations wait per worker, and at most
+``limits.ANALYTICS_ROW_QUERIES`` distinct day files' rows are read: past either a query is refused at once
+(:class:`Busy`, a 503 that says which) rather than queued without bound.
+:meth:`Analytics.close` stops the pool.
 
-Listing the days (``/api/days``) is paginated; the names come from one directory scan on a
-thread, kept until the directory changes, and only the page's files are stat'ed.
+Caching of the row queries. A day file only grows (the sink appends; a failed flush may cut
+it back), so ``(path, size, mtime_ns)`` names one version of it. The worker keeps the results
+computed for the current version of each file in one LRU bounded in bytes
+(``--analytics-cache-bytes``; a result is counted by the size of its JSON or SVG); a new
+version replaces them. Concurrent identical queries share one computation.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import concurrent.futures
 import gc
 import importlib.util
@@ -36,19 +37,16 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tiny import layout, limits
-from tiny.analytics import charts, compute
-from tiny.analytics.compute import HOURS, DayFile
+from tiny.analytics import charts, compute, cpu
+from tiny.analytics.compute import DayFile
 from tiny.config import Config
 
 log = logging.getLogger("tiny.analytics")
 
-DEFAULT_DAYS_PAGE = 100
-MAX_DAYS_PAGE = 1000
 _STOP_SECONDS = 2.0  # how long close() waits for the pool processes to exit
 _MISSING = object()
 
@@ -62,11 +60,12 @@ class WhaleNotFound(LookupError):
 
 
 class Missing(RuntimeError):
-    """polars or matplotlib is not installed (the ingest-only image): answered 501."""
+    """polars or matplotlib, which the query needs, is not installed (the ingest-only image): 501."""
 
 
 class Busy(RuntimeError):
-    """Too many computations queued in this worker, the pool process died, or it is closed (503)."""
+    """Too many computations queued or reading rows in this worker, the pool process died, or
+    it is closed (503; the message says which)."""
 
 
 def stat_day(data_dir: Path, date: str) -> DayFile:
@@ -77,34 +76,6 @@ def stat_day(data_dir: Path, date: str) -> DayFile:
     except FileNotFoundError:
         raise DayNotFound(date) from None
     return DayFile(date, str(path), st.st_size, st.st_mtime_ns)
-
-
-def day_names(data_dir: Path) -> list[str]:
-    """The dates of every day file in ``data_dir``, oldest first (one directory scan)."""
-    try:
-        with os.scandir(data_dir) as entries:
-            return sorted(date for entry in entries if (date := layout.day_of(entry.name)))
-    except FileNotFoundError:
-        return []
-
-
-def stat_days(data_dir: Path, dates: list[str]) -> list[DayFile]:
-    """The current version of each of ``dates``' day files (those still there)."""
-    days = []
-    for date in dates:
-        try:
-            days.append(stat_day(data_dir, date))
-        except DayNotFound:
-            continue
-    return days
-
-
-@dataclass(frozen=True)
-class DaysPage:
-    """One page of ``/api/days``: its days with their row counts, and the cursor of the next."""
-
-    days: list[dict[str, Any]]
-    next: str | None
 
 
 class _Cache:
@@ -147,12 +118,14 @@ def _size(result: Any) -> int:
 
 
 class Analytics:
-    """The analytics of one worker process: queries in, small results out, cached per day file.
+    """The analytics pool of one worker process, and the queries that read a day's rows.
 
-    Every query method stats the day file (DayNotFound if absent), answers from the cache
-    when that version was computed already, and otherwise awaits the pool, never blocking
-    the event loop. Busy when ``max_queued`` distinct computations are queued already, or
-    after :meth:`close`.
+    The dashboard's other answers come from the aggregates (tiny.live, tiny.analytics.store),
+    run in this pool through :meth:`call`. The queries here read rows with polars: one ip_id's
+    downloads and the ``detail`` chart. Each stats the day file (DayNotFound if absent) and
+    answers from the cache when that version was computed already. At most ``row_queries``
+    distinct ones run at once in a worker: more get :class:`Busy` at once, saying so, like
+    any query past ``max_queued`` pending computations, or after :meth:`close`.
     """
 
     def __init__(
@@ -164,20 +137,22 @@ class Analytics:
         nice: str = "idle",
         max_queued: int = limits.ANALYTICS_MAX_QUEUED,
         cache_bytes: int = limits.ANALYTICS_CACHE_BYTES,
+        row_queries: int = limits.ANALYTICS_ROW_QUERIES,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.processes = processes
         self.threads = threads
         self.nice = nice
         self.max_queued = max_queued
+        self.row_queries = row_queries
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._closed = False
         self._cache = _Cache(cache_bytes)
         self._pending: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
-        self._names: tuple[int, list[str]] = (-1, [])  # (data dir mtime_ns, its day files' dates)
-        # Without them (`pip install .` without the analytics extra, the ingest image), every
-        # query but the day list is Missing: answered in the JSON shape, not a 500 from the pool.
-        self.installed = all(importlib.util.find_spec(name) for name in ("polars", "matplotlib"))
+        self._reading_rows: dict[tuple[Any, ...], tuple[str, tuple[int, int]]] = {}  # pending key -> its day
+        # Without them (`pip install .` without the analytics extra, the ingest image), the
+        # queries that need them are Missing: answered in the JSON shape, not a 500 from the pool.
+        self.installed = {name: importlib.util.find_spec(name) is not None for name in ("polars", "matplotlib")}
 
     @classmethod
     def from_config(cls, config: Config) -> Analytics:
@@ -191,91 +166,27 @@ class Analytics:
             cache_bytes=config.analytics_cache_bytes,
         )
 
-    async def days(self, after: str = "", limit: int = DEFAULT_DAYS_PAGE) -> DaysPage:
-        """The day files dated after ``after`` (all when empty), oldest first, ``limit`` of them:
-        ``{"date", "rows", "bytes"}`` each, and the date to ask ``after`` for the next page.
-
-        The directory is scanned on a thread, and again only when its mtime changed; rows known
-        for a file's current version come from the cache, the others are counted in one pool
-        job (however many days the page holds).
-        """
-        loop = asyncio.get_running_loop()
-        names = await self._day_names(loop)
-        start = bisect.bisect_right(names, after) if after else 0
-        page = names[start : start + limit]
-        days = await loop.run_in_executor(None, stat_days, self.data_dir, page)
-        rows = {day.path: self._known_rows(day) for day in days}
-        missing = tuple(day for day in days if rows[day.path] is None)
-        if missing:
-
-            def store(counts: list[int]) -> None:
-                for day, count in zip(missing, counts, strict=True):
-                    self._cache.put(day, ("rows",), count, _size(count))
-
-            key = ("rows", tuple((day.path, day.version) for day in missing))
-            counts = await self._run(key, store, compute.count_rows_job, missing)
-            rows.update((day.path, count) for day, count in zip(missing, counts, strict=True))
-        listed = [{"date": day.date, "rows": rows[day.path], "bytes": day.size} for day in days]
-        return DaysPage(listed, page[-1] if start + limit < len(names) else None)
-
-    async def _day_names(self, loop: asyncio.AbstractEventLoop) -> list[str]:
-        try:
-            changed = os.stat(self.data_dir).st_mtime_ns  # an added or removed file changes it
-        except FileNotFoundError:
-            return []
-        if changed != self._names[0]:
-            self._names = (changed, await loop.run_in_executor(None, day_names, self.data_dir))
-        return self._names[1]
-
-    async def summary(self, date: str, top: int) -> dict[str, Any]:
-        """Totals, distinct downloaders, and downloads per hour of all traffic vs the top N whales."""
-        aggregate = await self._aggregate(date)
-        whales = aggregate["whales"][:top]
-        hourly_whales = [sum(whale["hourly"][hour] for whale in whales) for hour in range(HOURS)]
-        return {
-            "date": date,
-            "top": top,
-            "downloads": aggregate["downloads"],
-            "bytes": aggregate["bytes"],
-            "downloaders": aggregate["downloaders"],
-            "whale_downloads": sum(whale["downloads"] for whale in whales),
-            "hourly": [
-                {"hour": hour, "all": aggregate["hourly"][hour], "whales": hourly_whales[hour]} for hour in range(HOURS)
-            ],
-        }
-
-    async def whales(self, date: str, top: int) -> dict[str, Any]:
-        """The top N whales: ip_id, name, country, downloads, bytes; most downloads first."""
-        aggregate = await self._aggregate(date)
-        fields = ("ip_id", "name", "country", "downloads", "bytes")
-        return {"date": date, "top": top, "whales": [{k: w[k] for k in fields} for w in aggregate["whales"][:top]]}
-
-    async def hourly(self, date: str, top: int) -> dict[str, Any]:
-        """Downloads per hour (24 numbers) of each of the top N whales."""
-        aggregate = await self._aggregate(date)
-        fields = ("ip_id", "name", "country", "downloads", "hourly")
-        return {"date": date, "top": top, "whales": [{k: w[k] for k in fields} for w in aggregate["whales"][:top]]}
+    def need(self, *modules: str) -> None:
+        """Missing unless ``modules`` are installed."""
+        absent = [name for name in modules if not self.installed[name]]
+        if absent:
+            raise Missing(f"{' and '.join(absent)} {'is' if len(absent) == 1 else 'are'} not installed here")
 
     async def downloads(self, date: str, ip_id: int, limit: int) -> bytes:
         """One ip_id's downloads of the day in time order (the first ``limit``), as the JSON
         answer (serialised in the pool); WhaleNotFound if none."""
+        self.need("polars")
         day = stat_day(self.data_dir, date)
-        result = await self._cached(day, ("downloads", ip_id, limit), compute.downloads_job, day, ip_id, limit)
+        result = await self._rows(day, ("downloads", ip_id, limit), compute.downloads_job, day, ip_id, limit)
         if result is None:
             raise WhaleNotFound(ip_id)
         return bytes(result)
 
-    async def chart(self, date: str, view: str, top: int, ip_id: int | None = None) -> bytes:
-        """One dashboard view (one of charts.VIEWS: the handler checks) as SVG; ``detail`` shows
-        ``ip_id`` (default: the top whale)."""
+    async def detail(self, date: str, ip_id: int) -> bytes:
+        """The ``detail`` chart of one ip_id's downloads (SVG); WhaleNotFound if none."""
+        self.need("polars", "matplotlib")
         day = stat_day(self.data_dir, date)
-        if view == "detail" and ip_id is None:
-            whales = (await self._aggregate(date))["whales"]
-            if not whales:
-                raise WhaleNotFound(0)
-            ip_id = whales[0]["ip_id"]
-        query = ("chart", view, top if view != "detail" else 0, ip_id if view == "detail" else 0)
-        svg = await self._cached(day, query, charts.chart_job, day, view, top, ip_id)
+        svg = await self._rows(day, ("detail", ip_id), charts.detail_job, day, ip_id)
         if svg is None:
             raise WhaleNotFound(ip_id)
         return bytes(svg)
@@ -325,7 +236,7 @@ class Analytics:
                 max_workers=self.processes,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=compute.pool_init,
-                initargs=(os.getpid(), self.threads, self.nice),
+                initargs=(os.getpid(), self.threads, self.nice, cpu.CGROUP),
             )
             log.info(
                 "analytics pool started: %d process(es), %d polars thread(s), nice %s",
@@ -342,30 +253,30 @@ class Analytics:
             self._pool = None
             broken.shutdown(wait=False, cancel_futures=True)
 
-    def _need_libraries(self) -> None:
-        if not self.installed:
-            raise Missing("polars and matplotlib are not installed here")
-
-    async def _aggregate(self, date: str) -> dict[str, Any]:
-        day = stat_day(self.data_dir, date)
-        result: dict[str, Any] = await self._cached(day, ("aggregate",), compute.aggregate_job, day)
-        return result
-
-    def _known_rows(self, day: DayFile) -> int | None:
-        for query in (("aggregate",), ("rows",)):
-            found = self._cache.get(day, query)
-            if found is not _MISSING:
-                return int(found["downloads"] if query == ("aggregate",) else found)
-        return None
-
-    async def _cached(self, day: DayFile, query: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
-        """``func(*args)`` in the pool, or its cached result for this version of the day file."""
-        self._need_libraries()
+    async def _rows(self, day: DayFile, query: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
+        """``func(*args)``, a job that reads the day's rows, in the pool, or its cached result
+        for this version of the day file. Queries of a day version being read already share
+        its parsed rows (the pool keeps them) and are let through; past ``row_queries``
+        distinct day versions being read at once, Busy."""
         found = self._cache.get(day, query)
         if found is not _MISSING:
             return found
         key = (day.path, day.version, query)
-        return await self._run(key, lambda result: self._cache.put(day, query, result, _size(result)), func, *args)
+        reading = (day.path, day.version)
+        if key not in self._pending and reading not in self._reading_rows.values():
+            if len(set(self._reading_rows.values())) >= self.row_queries:
+                raise Busy(
+                    "a query reading another day's rows is running in this process "
+                    f"(at most {self.row_queries} at once: each takes a CPU for seconds on a big day)"
+                )
+        if key not in self._pending:
+            self._reading_rows[key] = reading  # until the computation settles (see _settle)
+        try:
+            return await self._run(key, lambda result: self._cache.put(day, query, result, _size(result)), func, *args)
+        except Busy:
+            if key not in self._pending:
+                self._reading_rows.pop(key, None)
+            raise
 
     async def _run(
         self, key: tuple[Any, ...], store: Callable[[Any], None], func: Callable[..., Any], *args: Any
@@ -403,6 +314,7 @@ class Analytics:
         done: asyncio.Future[Any],
     ) -> None:
         self._pending.pop(key, None)
+        self._reading_rows.pop(key, None)
         if done.cancelled():
             return
         error = done.exception()

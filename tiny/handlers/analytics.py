@@ -1,8 +1,12 @@
-"""The analytics API, ``GET /api/...``: validate, then await tiny.analytics.service.
+"""The analytics API, ``GET /api/...``: validate, then await the live aggregates or the pool.
 
-Every handler only validates, stats files and awaits :class:`tiny.analytics.service.Analytics`:
-the parsing, aggregation and drawing run in the worker's analytics process pool, so these
-requests never hold up ``/ingest`` on the same event loop.
+The days, summaries, whales and the ``traffic``, ``whales`` and ``hourly`` charts are
+answered from the live aggregate store (tiny.live, tiny.analytics.store: an index read of a
+day's aggregates, the charts drawn from them and kept per version); one ip_id's downloads
+and the ``detail`` chart read the day's rows with polars (tiny.analytics.service, bounded
+in CPU and concurrency). Both run in the worker's analytics pool: these requests never hold
+up ``/ingest`` on the same event loop. Like every answer from the aggregates, an answer
+given after a POST's 200 counts that POST's rows.
 
 Auth: when ``--token`` is set, every ``/api/...`` request needs ``Authorization: Bearer
 <token>`` like ``/ingest`` (401 otherwise); the dashboard page (tiny.handlers.dashboard)
@@ -10,23 +14,40 @@ sends it.
 
 Errors use the JSON shape of tiny.handlers.base: 400 bad date / ``top`` / ``limit`` /
 ``ip_id``, 401 token, 404 no such day (or ip_id on that day, or chart), 405 other methods,
-501 when polars and matplotlib are not installed (the ingest-only image; ``/api/days`` still
-answers), 503 + Retry-After when too many analytics queries are queued, the analytics process died (it
-is restarted on the next query) or has been stopped because the server is shutting down.
+501 when matplotlib (charts) or polars (the row queries) is not installed (the ingest-only
+image, where the JSON answers from the aggregates still work), 503 + Retry-After when too
+many analytics queries are queued, a query that reads rows is already running in this
+process, the data dir's lock or the store is busy, the analytics process died (it is
+restarted on the next query) or the server is shutting down.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
+import sqlite3
 from collections.abc import Awaitable
 from typing import Any, TypeVar
+
+import orjson
 
 from tiny import layout
 from tiny.analytics import charts, compute, service
 from tiny.handlers.base import APIError, JSONHandler
+from tiny.sink import SinkError
 
 T = TypeVar("T")
+DEFAULT_DAYS_PAGE = 100
+MAX_DAYS_PAGE = 1000
 DATE = r"([^/]+)"  # anything up to the next slash in a URL pattern: a malformed date gets a 400, not a 404
+
+
+def _not_installed(exc: service.Missing) -> APIError:
+    return APIError(
+        501,
+        f"this server cannot answer that: {exc} "
+        "(use the analytics image, or pip install 'tiny-data-server[analytics]')",
+    )
 
 
 class AnalyticsHandler(JSONHandler):
@@ -75,18 +96,44 @@ class AnalyticsHandler(JSONHandler):
             raise APIError(404, f"no data for day {exc.args[0]}") from None
         except service.WhaleNotFound as exc:
             raise APIError(404, f"ip_id {exc.args[0]} downloaded nothing that day") from None
-        except service.Busy:
-            raise APIError(503, "analytics are busy; try again", {"Retry-After": "1"}) from None
-        except service.Missing:
-            raise APIError(
-                501,
-                "this server has no analytics: polars and matplotlib are not installed "
-                "(use the analytics image, or pip install 'tiny-data-server[analytics]')",
-            ) from None
+        except service.Busy as exc:
+            raise APIError(503, f"analytics are busy: {exc}; try again", {"Retry-After": "1"}) from None
+        except SinkError as exc:
+            raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}) from None
+        except sqlite3.OperationalError as exc:  # the store's write lock held too long (a rebuild)
+            raise APIError(503, f"the aggregate store is busy ({exc}); try again", {"Retry-After": "5"}) from None
+        except service.Missing as exc:
+            raise _not_installed(exc) from None
+
+    def need(self, *modules: str) -> None:
+        """501 unless ``modules`` are installed here."""
+        try:
+            self.deps.analytics.need(*modules)
+        except service.Missing as exc:
+            raise _not_installed(exc) from None
+
+    async def aggregated(self, query: tuple[Any, ...], day: str) -> bytes:
+        """The answer to a dashboard query from the live aggregates of ``day`` (JSON or SVG);
+        404 when the day has no file."""
+        answer = await self.answer(self.deps.live.answer(query, [day]))
+        if answer.body in (b"null", b""):
+            raise APIError(404, f"no data for day {day}")
+        return answer.body
+
+    async def listed(self, days: list[str]) -> list[dict[str, Any]]:
+        """``{"date", "rows", "bytes"}`` of each of ``days`` from the live aggregates."""
+        if not days:
+            return []
+        answer = await self.answer(self.deps.live.answer(("days", tuple(days)), days))
+        return list(orjson.loads(answer.body))
 
     def send_json(self, body: Any) -> None:
         """Finish with ``body`` as JSON (integers of any size: byte totals may pass 2^64)."""
         self.finish(compute.dumps(body))
+
+    def send_body(self, body: bytes) -> None:
+        """Finish with JSON ``body`` serialised already (in the pool)."""
+        self.finish(body)
 
 
 class DaysHandler(AnalyticsHandler):
@@ -98,10 +145,14 @@ class DaysHandler(AnalyticsHandler):
     """
 
     async def get(self) -> None:
-        limit = self.number("limit", service.DEFAULT_DAYS_PAGE, service.MAX_DAYS_PAGE)
+        limit = self.number("limit", DEFAULT_DAYS_PAGE, MAX_DAYS_PAGE)
         after = self.get_query_argument("after", "")
-        page = await self.answer(self.deps.analytics.days(self.date(after) if after else "", limit))
-        self.send_json({"days": page.days, "next": page.next})
+        after = self.date(after) if after else ""
+        live = self.deps.live
+        names = live.days(live.version())
+        start = bisect.bisect_right(names, after) if after else 0
+        page = names[start : start + limit]
+        self.send_json({"days": await self.listed(page), "next": page[-1] if start + limit < len(names) else None})
 
 
 class SummaryHandler(AnalyticsHandler):
@@ -113,7 +164,8 @@ class SummaryHandler(AnalyticsHandler):
     """
 
     async def get(self, date: str) -> None:
-        self.send_json(await self.answer(self.deps.analytics.summary(self.date(date), self.top())))
+        day = self.date(date)
+        self.send_body(await self.aggregated(("summary", day, self.top()), day))
 
 
 class WhalesHandler(AnalyticsHandler):
@@ -125,7 +177,8 @@ class WhalesHandler(AnalyticsHandler):
     """
 
     async def get(self, date: str) -> None:
-        self.send_json(await self.answer(self.deps.analytics.whales(self.date(date), self.top())))
+        day = self.date(date)
+        self.send_body(await self.aggregated(("whales", day, self.top()), day))
 
 
 class HourlyHandler(AnalyticsHandler):
@@ -134,7 +187,8 @@ class HourlyHandler(AnalyticsHandler):
     """
 
     async def get(self, date: str) -> None:
-        self.send_json(await self.answer(self.deps.analytics.hourly(self.date(date), self.top())))
+        day = self.date(date)
+        self.send_body(await self.aggregated(("hourly", day, self.top()), day))
 
 
 class DownloadsHandler(AnalyticsHandler):
@@ -169,7 +223,16 @@ class ChartHandler(AnalyticsHandler):
             raise APIError(404, f"no chart {view!r}; charts: {', '.join(charts.VIEWS)}")
         text = self.get_query_argument("ip_id", None)
         ip_id = self.ip_id(text) if text is not None else None
-        svg = await self.answer(self.deps.analytics.chart(day, view, top, ip_id))
+        if view in charts.FROM_AGGREGATES:
+            self.need("matplotlib")
+            svg = await self.aggregated(("chart", day, view, top), day)
+        else:  # detail: one ip_id's downloads, from the rows
+            if ip_id is None:
+                biggest = orjson.loads(await self.aggregated(("biggest", day), day))
+                if biggest is None:
+                    raise APIError(404, f"nobody downloaded anything on {day}")
+                ip_id = int(biggest)
+            svg = await self.answer(self.deps.analytics.detail(day, ip_id))
         self.set_header("Content-Type", "image/svg+xml")
         # Opened on its own, an SVG is a document: it may run nothing and load nothing.
         self.set_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")

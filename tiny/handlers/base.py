@@ -25,8 +25,8 @@ from tiny.sink import DailyFileSink
 
 if TYPE_CHECKING:
     from tiny.analytics.service import Analytics
-    from tiny.downloads import Downloads
     from tiny.handlers.rules import IngestRules
+    from tiny.live import Live
 
 log = logging.getLogger("tiny.handlers")
 
@@ -39,7 +39,7 @@ class Deps:
     metrics: Metrics
     sink: DailyFileSink
     analytics: Analytics
-    downloads: Downloads  # the CRAN downloads API (tiny.downloads)
+    live: Live  # answers from the live aggregates: the downloads API and the dashboard (tiny.live)
     drain: Drain
     rules: IngestRules  # the request rules of /ingest (tiny.handlers.rules)
     instance: str  # ``<hostname>:<port>/<pid>``

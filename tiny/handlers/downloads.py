@@ -21,8 +21,9 @@ from typing import Any
 
 from tiny import badges
 from tiny.analytics.service import Busy
-from tiny.downloads import DEFAULT_TOP, MAX_TOP, SUMMARIES, Answer, Period, etag_of, parse_packages, parse_period
+from tiny.downloads import DEFAULT_TOP, MAX_TOP, SUMMARIES, Period, parse_packages, parse_period
 from tiny.handlers.base import APIError, JSONHandler
+from tiny.live import Answer, etag_of
 from tiny.sink import SinkError
 
 _R = "downloads of R itself are not in the package download logs this server ingests"
@@ -40,11 +41,11 @@ class DownloadsBase(JSONHandler):
             self.check_token()
 
     def compute_etag(self) -> None:
-        return None  # ours comes with the answer (tiny.downloads.Answer.etag)
+        return None  # ours comes with the answer (tiny.live.Answer.etag)
 
     async def answer(self, query: tuple[Any, ...], needed: list[str] | None) -> Answer:
         try:
-            return await self.deps.downloads.answer(query, needed)
+            return await self.deps.live.answer(query, needed)
         except SinkError as exc:
             raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}) from None
         except Busy as exc:
@@ -65,9 +66,9 @@ class DownloadsBase(JSONHandler):
         self.finish(answer.body if body is None else body)
 
     def period(self, text: str) -> Period:
-        version = self.deps.downloads.version()
+        version = self.deps.live.version()
         try:
-            return parse_period(text, self.deps.downloads.last_day(version))
+            return parse_period(text, self.deps.live.last_day(version))
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
 
@@ -110,8 +111,8 @@ class TrendingHandler(DownloadsBase):
     """``GET /trending``: see tiny.downloads.trending."""
 
     async def get(self) -> None:
-        downloads = self.deps.downloads
-        last = downloads.last_day(downloads.version())
+        live = self.deps.live
+        last = live.last_day(live.version())
         needed = Period(last - timedelta(days=6 + 7 * 24), last).days()
         self.send(await self.answer(("trending", last), needed))
 

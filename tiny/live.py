@@ -1,0 +1,170 @@
+"""Answers from the live aggregates (tiny.aggregates): the worker's side and the pool job.
+
+Both the downloads API (tiny.downloads) and the dashboard's API and charts
+(tiny.analytics.store) answer this way:
+
+- :class:`Live`, one per worker: it notes the committed sizes of the days a query needs
+  (tiny.sink.DailyFileSink.committed_sizes, under the data dir's flush lock), runs
+  :func:`fold_job` in the worker's analytics pool, and keeps the answer until the data
+  changes. The version of the data is the journal's intent file, which every flush of every
+  process rewrites (its modification time and a CRC of its bytes: two flushes within one tick
+  of the kernel's coarse clock share a time, never their bytes, since a committed flush's
+  sizes are never written again), and the data dir's own modification time (a day file added
+  or removed): an open, a read and a stat, so an unchanged answer comes from memory. A
+  query that names at most _STAT_DAYS days adds their files' sizes and modification times,
+  so that a day file appended to by another program than a server is seen too (the grand
+  totals see such a change at the next flush or added file).
+- :func:`fold_job`, in the pool: fold the days up to those sizes (read your writes: an answer
+  given after a POST's 200 counts its rows), then answer from the store.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tiny import layout
+
+if TYPE_CHECKING:
+    from tiny.aggregates import Aggregates
+    from tiny.analytics.service import Analytics
+    from tiny.sink import DailyFileSink
+
+Version = tuple[int, ...]  # the intent file's mtime and CRC, the data dir's mtime, (size, mtime) of named days
+_STAT_DAYS = 366  # a query naming at most this many days also versions them by their files' stats
+_CACHE_ANSWERS = 1024
+_CACHE_BYTES = 32 * 1024**2  # answers kept per worker: charts weigh up to ~100 KB each
+_ALL_DAYS = ("0000-00-00", "9999-99-99")
+
+_stores: dict[str, Aggregates] = {}  # in a pool process: the store of each data dir
+
+
+def fold_job(data_dir: str, sizes: dict[str, int], within: tuple[str, str], query: tuple[Any, ...]) -> bytes:
+    """In the analytics pool: fold ``sizes`` into the store of ``data_dir`` (the days of
+    ``within`` that have no file are forgotten), then answer ``query``: the downloads API's
+    (tiny.downloads.answer) or the dashboard's (tiny.analytics.store.answer), as bytes."""
+    from tiny import downloads
+    from tiny.aggregates import Aggregates
+    from tiny.analytics import store as dashboard
+
+    store = _stores.get(data_dir)
+    if store is None:
+        store = _stores[data_dir] = Aggregates(Path(data_dir))
+    store.fold(sizes, within)
+    if query[0] in downloads.KINDS:
+        return downloads.answer(store, query)
+    return dashboard.answer(store, query)
+
+
+@dataclass(frozen=True)
+class Answer:
+    body: bytes
+    version: Version
+
+    @property
+    def etag(self) -> str:
+        return etag_of(self.body)
+
+
+def etag_of(body: bytes) -> str:
+    """A strong validator of ``body``: its CRC-32 and length."""
+    return f'"{zlib.crc32(body):08x}-{len(body):x}"'
+
+
+class Live:
+    """The answers from the aggregates, for one worker: see the module docstring."""
+
+    def __init__(self, data_dir: Path, sink: DailyFileSink, analytics: Analytics) -> None:
+        self.data_dir = Path(data_dir)
+        self.sink = sink
+        self.analytics = analytics
+        self._answers: OrderedDict[tuple[Any, ...], Answer] = OrderedDict()
+        self._cached_bytes = 0
+        self._days: tuple[int, int, list[str]] = (0, -1, [])  # (listed at, the data dir's mtime, its days)
+        self._intent = str(layout.intent_path(self.data_dir))
+
+    def version(self) -> Version:
+        """The version of the data: the last flush of any process, and the data dir's listing."""
+        try:
+            fd = os.open(self._intent, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            intent = (0, 0)
+        else:
+            try:
+                intent = (os.fstat(fd).st_mtime_ns, zlib.crc32(os.pread(fd, 1 << 16, 0)))
+            finally:
+                os.close(fd)
+        try:
+            listing = os.stat(self.data_dir).st_mtime_ns
+        except FileNotFoundError:
+            listing = 0
+        return (*intent, listing)
+
+    def days(self, version: Version) -> list[str]:
+        """The days that have a day file, oldest first. Listed again when the data dir's
+        modification time changed, or while it is less than a second older than the last
+        listing: the kernel stamps it from a coarse clock, so a file added just after a
+        listing may leave the time as it was."""
+        listed_at, mtime, names = self._days
+        if mtime != version[2] or listed_at - mtime < 1_000_000_000:
+            listed_at = time.time_ns()
+            try:
+                with os.scandir(self.data_dir) as entries:
+                    names = sorted(day for entry in entries if (day := layout.day_of(entry.name)))
+            except FileNotFoundError:
+                names = []
+            self._days = (listed_at, version[2], names)
+        return names
+
+    def last_day(self, version: Version) -> date:
+        """The last day with data (today, UTC, when there is none)."""
+        days = self.days(version)
+        return date.fromisoformat(days[-1]) if days else datetime.now(UTC).date()
+
+    def _stats(self, days: list[str]) -> tuple[int, ...]:
+        stats: list[int] = []
+        for day in days:
+            try:
+                stat = os.stat(layout.day_path(self.data_dir, day))
+            except FileNotFoundError:
+                stats += (-1, -1)
+            else:
+                stats += (stat.st_size, stat.st_mtime_ns)
+        return tuple(stats)
+
+    async def answer(self, query: tuple[Any, ...], needed: list[str] | None) -> Answer:
+        """The answer to ``query`` (see fold_job), reading the days ``needed`` (None: all; a
+        day of their span without a file is forgotten by the store)."""
+        version = self.version()
+        existing = self.days(version)
+        if needed is None:
+            days, within = existing, _ALL_DAYS
+        elif needed:
+            days, within = sorted(set(needed).intersection(existing)), (min(needed), max(needed))
+        else:
+            days, within = [], ("", "")
+        if needed is not None and len(days) <= _STAT_DAYS:
+            version += self._stats(days)  # a day file changed by another program than a server
+        cached = self._answers.get(query)
+        if cached is not None and cached.version == version:
+            self._answers.move_to_end(query)
+            return cached
+        sizes = await self.sink.committed_sizes(days)
+        key = ("live", query, version)
+        body = await self.analytics.call(key, fold_job, str(self.data_dir), sizes, within, query)
+        answer = Answer(bytes(body), version)
+        old = self._answers.pop(query, None)
+        if old is not None:
+            self._cached_bytes -= len(old.body)
+        self._answers[query] = answer
+        self._cached_bytes += len(answer.body)
+        while len(self._answers) > _CACHE_ANSWERS or self._cached_bytes > _CACHE_BYTES:
+            _, dropped = self._answers.popitem(last=False)
+            self._cached_bytes -= len(dropped.body)
+        return answer
