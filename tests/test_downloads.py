@@ -549,3 +549,17 @@ def test_an_answer_counts_rows_posted_to_another_server_on_the_same_data_dir(tmp
             post_rows(writer, "shared", 1 + n % 5, day=f"2014-05-0{1 + n % 9}")
             posted += 1 + n % 5
             assert total_of(reader, "shared") == posted, f"after post {n}"
+
+
+def test_a_fold_past_its_deadline_stops_between_blocks_and_the_next_goes_on(tmp_path: Path) -> None:
+    rows = sample_csv().split(b"\n", 1)[1]
+    (tmp_path / f"{DAY}.csv").write_bytes(HEADER + rows * 2)  # 13 MB: two blocks of at most 8 MiB
+    store = Aggregates(tmp_path)
+    with pytest.raises(aggregates.Behind) as behind:
+        store.fold(sizes_of(tmp_path), deadline=time.monotonic())
+    assert behind.value.day == DAY and 0 < behind.value.left < len(rows)
+    assert "are catching up" in str(behind.value)
+    (first,) = store.db.execute("SELECT rows FROM files WHERE day = ?", (DAY,)).fetchone()
+    assert 0 < first < 2 * 77_107
+    assert store.fold(sizes_of(tmp_path)) == 2 * 77_107 - first  # the rest, not everything again
+    assert store.db.execute("SELECT rows FROM files WHERE day = ?", (DAY,)).fetchone() == (2 * 77_107,)

@@ -89,6 +89,17 @@ _READ_BLOCK = 8 * 1024**2  # bytes folded per step: memory stays bounded on a bi
 _HEADER = HEADER.decode()
 
 
+class Behind(RuntimeError):
+    """A fold ran out of time before the day was up to date: ``(day, bytes left to fold)``."""
+
+    def __init__(self, day: str, left: int) -> None:
+        super().__init__(day, left)
+        self.day, self.left = day, left
+
+    def __str__(self) -> str:
+        return f"the aggregates of {self.day} are catching up ({self.left / 1e6:.1f} MB of it left to count)"
+
+
 def aggregates_path(data_dir: Path) -> Path:
     return layout.state_dir(data_dir) / "aggregates.sqlite3"
 
@@ -178,12 +189,15 @@ class Aggregates:
             self._db.close()
             self._db = None
 
-    def fold(self, sizes: Mapping[str, int], within: tuple[str, str] | None = None) -> int:
+    def fold(
+        self, sizes: Mapping[str, int], within: tuple[str, str] | None = None, deadline: float | None = None
+    ) -> int:
         """Bring the days of ``sizes`` (day -> committed size of its file) up to date; returns
         the rows folded in. One transaction per block of at most _READ_BLOCK bytes, so that
         a long catch-up lets other processes' folds and reads in between. With ``within``
         (first and last day), a day of that span that is stored but not in ``sizes`` is
-        forgotten: its file was removed."""
+        forgotten: its file was removed. Past ``deadline`` (time.monotonic()), between two
+        blocks, :class:`Behind` (what was folded stays: the next fold goes on from there)."""
         folded = 0
         if within is not None:
             stored = self.db.execute("SELECT day FROM files WHERE day BETWEEN ? AND ?", within).fetchall()
@@ -201,6 +215,9 @@ class Aggregates:
                 if rows is None:
                     break
                 folded += rows
+                if deadline is not None and time.monotonic() > deadline:
+                    consumed = self.db.execute("SELECT consumed FROM files WHERE day = ?", (day,)).fetchone()
+                    raise Behind(day, size - (consumed[0] if consumed else 0))
         return folded
 
     def rebuild(self, sizes: Mapping[str, int]) -> int:

@@ -15,7 +15,10 @@ Both the downloads API (tiny.downloads) and the dashboard's API and charts
   so that a day file appended to by another program than a server is seen too (the grand
   totals see such a change at the next flush or added file).
 - :func:`fold_job`, in the pool: fold the days up to those sizes (read your writes: an answer
-  given after a POST's 200 counts its rows), then answer from the store.
+  given after a POST's 200 counts its rows), then answer from the store. A fold that cannot
+  catch up within FOLD_SECONDS (rows arrive in that day faster than the analytics CPU quota
+  counts them) stops there, keeping what it counted, and the query gets
+  :class:`tiny.aggregates.Behind`: a 503 that says how much is left.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ _STAT_DAYS = 366  # a query naming at most this many days also versions them by 
 _CACHE_ANSWERS = 1024
 _CACHE_BYTES = 32 * 1024**2  # answers kept per worker: charts weigh up to ~100 KB each
 _ALL_DAYS = ("0000-00-00", "9999-99-99")
+FOLD_SECONDS = 10.0  # a query folds for at most this long, then is answered 503 (tiny.aggregates.Behind)
 
 _stores: dict[str, Aggregates] = {}  # in a pool process: the store of each data dir
 
@@ -56,7 +60,7 @@ def fold_job(data_dir: str, sizes: dict[str, int], within: tuple[str, str], quer
     store = _stores.get(data_dir)
     if store is None:
         store = _stores[data_dir] = Aggregates(Path(data_dir))
-    store.fold(sizes, within)
+    store.fold(sizes, within, time.monotonic() + FOLD_SECONDS)
     if query[0] in downloads.KINDS:
         return downloads.answer(store, query)
     return dashboard.answer(store, query)
