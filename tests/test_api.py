@@ -397,23 +397,33 @@ def _pool_processes(server: Server) -> list[int]:
     return pids
 
 
-def test_a_killed_pool_process_is_replaced(server: Server) -> None:
-    """kill -9 of the analytics process: at worst a 503 + Retry-After, never a 500; then answers again."""
-    assert ok(server, f"/api/days/{DAY}/summary")  # the pool is up
-    (pid,) = _pool_processes(server)
-    os.kill(pid, signal.SIGKILL)
+@pytest.mark.parametrize("path", [f"/api/days/{DAY}/whales?top=2", f"/api/days/{DAY}/charts/whales.svg?top=2"])
+def test_a_killed_pool_process_is_replaced(server: Server, path: str) -> None:
+    """kill -9 of the analytics processes (both lanes): at worst a 503 + Retry-After, never a
+    500; then answers again."""
+    # Both pools up: an answer, and a chart not drawn before (a pool killed by an earlier case
+    # is replaced on its first use after: that one is a 503).
+    for top in range(60, 100):
+        get(server, f"/api/days/{DAY}/summary?top={top}")
+        get(server, f"/api/days/{DAY}/charts/traffic.svg?top={top}")
+        if len(_pool_processes(server)) == 2:
+            break
+    killed = _pool_processes(server)
+    assert len(killed) == 2  # one per lane
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
     statuses = []
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         _bump(server.data_dir / f"{DAY}.csv")  # uncached: it must reach the pool
-        response = get(server, f"/api/days/{DAY}/whales?top=2")
+        response = get(server, path)
         statuses.append(response.status)
         if response.status == 200:
             break
         assert response.status == 503 and response.headers["retry-after"] == "1", response.body
         time.sleep(0.1)
     assert statuses[-1] == 200, statuses
-    assert _pool_processes(server) not in ([], [pid])
+    assert _pool_processes(server) and not set(_pool_processes(server)) & set(killed)
 
 
 def _bump(path: Path) -> None:
@@ -634,14 +644,13 @@ def test_a_query_reading_a_second_days_rows_at_once_is_503_saying_so(tmp_path: P
     assert "a query reading another day's rows is running in this process (at most 1 at once" in error(responses[2])[1]
 
 
-def _cpu_quota_of(pid: int) -> tuple[str, int] | None:
-    """The cgroup v1 cpu group of ``pid`` and its quota (µs per 100 ms), None if in the root group."""
+def _cpu_group_of(pid: int) -> str:
+    """The cgroup v1 cpu group of ``pid`` ("/" for the root group)."""
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(",") and path != "/":
-            quota = Path("/sys/fs/cgroup/cpu") / path.lstrip("/") / "cpu.cfs_quota_us"
-            return path, int(quota.read_text())
-    return None
+        if "cpu" in controllers.split(","):
+            return path
+    return "/"
 
 
 @pytest.mark.skipif(
@@ -650,20 +659,26 @@ def _cpu_quota_of(pid: int) -> tuple[str, int] | None:
     reason="needs a writable cgroup v1 cpu controller with this test in its root group (this machine kind has one)",
 )
 def test_the_analytics_processes_of_all_workers_share_one_cpu_quota(tmp_path: Path) -> None:
+    """One quota for the server's pools; within it the answers lane first, charts and row reads idle."""
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / f"{DAY}.csv").write_bytes(sample_csv())
     with Server(tmp_path / "data", "--analytics-cpu", "0.3", processes=2) as running:
-        for _ in range(8):  # both workers start their pool
+        for _ in range(8):  # both workers start both lanes
             ok(running, f"/api/days/{DAY}/summary?top={random.randint(1, 100)}")
+            assert get(running, f"/api/days/{DAY}/charts/traffic.svg?top={random.randint(1, 100)}").status == 200
         pools = _pool_processes(running)
-        groups = {_cpu_quota_of(pid) for pid in pools}
-        workers = {_cpu_quota_of(pid) for pid in running.worker_pids()}
+        groups = {_cpu_group_of(pid) for pid in pools}
+        workers = {_cpu_group_of(pid) for pid in running.worker_pids()}
+        root = Path("/sys/fs/cgroup/cpu")
+        (parent,) = {group.rsplit("/", 1)[0] for group in groups}
+        quota = int((root / parent.lstrip("/") / "cpu.cfs_quota_us").read_text())
+        idle = {g.rsplit("/", 1)[1]: (root / g.lstrip("/") / "cpu.idle").read_text().strip() for g in groups}
         assert "analytics CPU: cgroup v1" in running.log()
-    assert len(pools) == 2 and len(groups) == 1
-    ((path, quota),) = groups
-    assert path.startswith("/tiny-analytics-") and quota == 30_000
-    assert workers == {None}  # the workers that serve /ingest are not limited
-    assert not (Path("/sys/fs/cgroup/cpu") / path.lstrip("/")).exists()  # removed when the server stopped
+    assert len(pools) == 4  # 2 workers x 2 lanes
+    assert parent.startswith("/tiny-analytics-") and quota == 30_000
+    assert idle == {"answers": "0", "drawing": "1"}
+    assert workers == {"/"}  # the workers that serve /ingest are not limited
+    assert not (root / parent.lstrip("/")).exists()  # removed when the server stopped
 
 
 def test_the_dashboard_reads_its_writes_from_any_process(tmp_path: Path) -> None:
@@ -679,3 +694,21 @@ def test_the_dashboard_reads_its_writes_from_any_process(tmp_path: Path) -> None
             whales = ok(running, f"/api/days/{day}/whales?top=3")["whales"]
             assert sum(w["downloads"] for w in whales) == expected
         assert len({get(running, "/healthz").json()["instance"] for _ in range(40)}) == 2
+
+
+def test_an_answer_is_kept_while_other_days_are_written(tmp_path: Path) -> None:
+    """Answers are versioned by the files they read: with the pool process stopped, a day's
+    cached summary is still answered after rows landed in another day."""
+    with Server(tmp_path / "data") as running:
+        for day in ("2014-05-20", "2014-05-21"):
+            assert running.ingest(json.dumps(record(date=day)).encode()).status == 200
+        assert ok(running, "/api/days/2014-05-20/summary")["downloads"] == 1
+        (pool,) = _pool_processes(running)
+        os.kill(pool, signal.SIGSTOP)
+        try:
+            assert running.ingest(json.dumps(record(date="2014-05-21")).encode()).status == 200
+            response = running.request("GET", "/api/days/2014-05-20/summary", timeout=5)
+            assert response.status == 200 and response.json()["downloads"] == 1
+        finally:
+            os.kill(pool, signal.SIGCONT)
+        assert ok(running, "/api/days/2014-05-21/summary")["downloads"] == 2

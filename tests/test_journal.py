@@ -387,3 +387,28 @@ def test_an_intent_record_reads_back_and_a_torn_one_reads_as_none() -> None:
     earlier = b'[null,[["d.csv",4,0]]]'  # the landed format: no size after, no last key
     old = b"-" + len(earlier).to_bytes(4, "big") + zlib.crc32(earlier).to_bytes(4, "big") + earlier
     assert _parse_intent(old) == (None, [Intent("d.csv", 4, None, False)], None)  # type: ignore[arg-type]
+
+
+def test_committed_sizes_are_read_without_the_lock_from_the_intent(tmp_path: Path) -> None:
+    path, other_file = tmp_path / "d.csv", tmp_path / "e.csv"
+    path.write_bytes(b"h\n1\n")
+    other_file.write_bytes(b"h\n")
+    journal = opened(tmp_path)
+    other = opened(tmp_path)  # another process's view of the same data dir
+    assert other.committed_sizes_unlocked([path, tmp_path / "none.csv"]) == {path: 4}
+    with journal.locked():
+        journal.intend([Intent("d.csv", 4, 6, False)])
+        path.write_bytes(b"h\n1\n2\n")  # a flush under way: its bytes are not committed yet
+        assert other.committed_sizes_unlocked([path, other_file]) == {path: 4, other_file: 2}
+        journal.commit()
+        journal.finish()
+    assert other.committed_sizes_unlocked([path]) == {path: 6}
+    with journal.locked():
+        journal.intend([Intent("d.csv", 6, 8, False)])
+        path.write_bytes(b"h\n1\n2\n3\n")
+    assert other.committed_sizes_unlocked([path]) == {path: 6}  # a crashed flush: below it only
+    with other.locked():
+        assert other.recover() == 1
+    assert other.committed_sizes_unlocked([path]) == {path: 6}
+    layout.intent_path(tmp_path).write_bytes(b"I\x00\x00")  # torn: only the lock and recovery know
+    assert other.committed_sizes_unlocked([path]) is None

@@ -108,6 +108,7 @@ _LIVE, _FINISHED, _UNDONE = b"I", b"-", b"x"  # the intent's first byte: under w
 _RECOUNT_EVERY = 64  # commits between two readings of the oldest key (``held``; others expire too)
 _HOLDER_AT = 64  # the lock file: the data dir's id on its first line, the holder's record from here
 _POLL_FIRST, _POLL_MAX = 0.0002, 0.002  # seconds between two tries of a busy lock, doubling
+_UNLOCKED_INTENT_BYTES = 1 << 16  # an intent longer than this is read under the lock
 _CLOCK_SLACK = 3600.0  # seconds of clock difference between hosts the history check tolerates
 
 
@@ -820,6 +821,42 @@ class Journal:
         os.pwrite(self._intent_fd, state, 0)  # one byte: it cannot be written in part
         if self.fsync:
             os.fsync(self._intent_fd)
+
+    def committed_sizes_unlocked(self, paths: list[Path]) -> dict[Path, int] | None:
+        """The sizes of ``paths`` (those that exist) below which every byte is committed,
+        read without the flush lock, or None when that cannot be known that way now.
+
+        A seqlock on the intent file: every flush writes its intent (mark, length, CRC, the
+        files with their sizes before) before its first byte reaches a file, and marks it
+        after its last, and no two flushes write the same intent. So when the intent's first
+        9 bytes are the same before and after the stats, no flush began or ended meanwhile:
+        with no flush under way every byte stat'ed is committed; with one under way (or a
+        crashed one's intent waiting for recovery), the files it names are committed up to
+        their sizes before it, the others up to their sizes. (A flush committed whose mark
+        failed counts as under way until the next flush marks it: its rows are seen then.)
+        A few system calls, never a wait: callable on the event loop. None when the intent
+        changed three times in a row, or is torn or too long to read in one go."""
+        if self._intent_fd < 0:
+            return None
+        for _ in range(3):
+            record = os.pread(self._intent_fd, _UNLOCKED_INTENT_BYTES, 0)
+            before: dict[str, int] = {}
+            if record[:1] == _LIVE:
+                parsed = _parse_intent(record)
+                if parsed is None:
+                    continue  # being written, torn, or longer than read
+                before = {intent.name: intent.size_before for intent in parsed[1]}
+            sizes = {}
+            for path in paths:
+                try:
+                    size = os.stat(path).st_size
+                except FileNotFoundError:
+                    continue
+                relative = os.path.relpath(path, self.data_dir)
+                sizes[path] = min(size, before[relative]) if relative in before else size
+            if os.pread(self._intent_fd, 9, 0) == record[:9]:
+                return sizes
+        return None
 
     def digest(self, body: bytes) -> bytes:
         """The identity of a (decompressed) body that a key is stored with: 128 bits of BLAKE3

@@ -5,15 +5,18 @@ Both the downloads API (tiny.downloads) and the dashboard's API and charts
 
 - :class:`Live`, one per worker: it notes the committed sizes of the days a query needs
   (tiny.sink.DailyFileSink.committed_sizes, under the data dir's flush lock), runs
-  :func:`fold_job` in the worker's analytics pool, and keeps the answer until the data
-  changes. The version of the data is the journal's intent file, which every flush of every
-  process rewrites (its modification time and a CRC of its bytes: two flushes within one tick
-  of the kernel's coarse clock share a time, never their bytes, since a committed flush's
-  sizes are never written again), and the data dir's own modification time (a day file added
-  or removed): an open, a read and a stat, so an unchanged answer comes from memory. A
-  query that names at most _STAT_DAYS days adds their files' sizes and modification times,
-  so that a day file appended to by another program than a server is seen too (the grand
-  totals see such a change at the next flush or added file).
+  :func:`fold_job` in the worker's analytics pool, and keeps the answer until the files it
+  reads change. A query that names at most _STAT_DAYS days is versioned by their files'
+  (inode, size, mtime_ns): its answer is kept while other days are written, and is kept
+  only when no bytes were in flight in those files (each size was the committed size). A
+  file cut back and written again to the same size within one tick of the kernel's coarse
+  clock would go unseen: only a failed flush's recovery cuts a file, and the next flush
+  changes it again. A query over all days or longer spans is versioned by the journal's
+  intent file, which every flush of every process rewrites (its modification time and a CRC
+  of its bytes: two flushes within one tick share a time, never their bytes, since a
+  committed flush's sizes are never written again), and the data dir's own modification
+  time (a day file added or removed): an open, a read and a stat, so an unchanged answer
+  comes from memory.
 - :func:`fold_job`, in the pool: fold the days up to those sizes (read your writes: an answer
   given after a POST's 200 counts its rows), then answer from the store. A fold that cannot
   catch up within FOLD_SECONDS (rows arrive in that day faster than the analytics CPU quota
@@ -60,10 +63,12 @@ def fold_job(data_dir: str, sizes: dict[str, int], within: tuple[str, str], quer
     store = _stores.get(data_dir)
     if store is None:
         store = _stores[data_dir] = Aggregates(Path(data_dir))
+    if query[0] in dashboard.UNFOLDED:
+        return dashboard.answer(store, query, sizes)  # counts lines itself: no fold of a day being written
     store.fold(sizes, within, time.monotonic() + FOLD_SECONDS)
     if query[0] in downloads.KINDS:
         return downloads.answer(store, query)
-    return dashboard.answer(store, query)
+    return dashboard.answer(store, query, sizes)
 
 
 @dataclass(frozen=True)
@@ -132,19 +137,26 @@ class Live:
         return date.fromisoformat(days[-1]) if days else datetime.now(UTC).date()
 
     def _stats(self, days: list[str]) -> tuple[int, ...]:
+        """(inode, size, mtime_ns) of each of the days' files, (-1, -1, -1) for one without."""
         stats: list[int] = []
         for day in days:
             try:
                 stat = os.stat(layout.day_path(self.data_dir, day))
             except FileNotFoundError:
-                stats += (-1, -1)
+                stats += (-1, -1, -1)
             else:
-                stats += (stat.st_size, stat.st_mtime_ns)
+                stats += (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         return tuple(stats)
 
-    async def answer(self, query: tuple[Any, ...], needed: list[str] | None) -> Answer:
+    @staticmethod
+    def _sizes(days: list[str], stats: tuple[int, ...]) -> list[tuple[str, int]]:
+        """The file sizes in :meth:`_stats` of ``days`` (those with a file)."""
+        return [(day, stats[3 * n + 1]) for n, day in enumerate(days) if stats[3 * n] != -1]
+
+    async def answer(self, query: tuple[Any, ...], needed: list[str] | None, slow: bool = False) -> Answer:
         """The answer to ``query`` (see fold_job), reading the days ``needed`` (None: all; a
-        day of their span without a file is forgotten by the store)."""
+        day of their span without a file is forgotten by the store); ``slow``: a query that
+        may read many bytes, in the pool's DRAWING lane, where it holds no answer up."""
         version = self.version()
         existing = self.days(version)
         if needed is None:
@@ -153,16 +165,24 @@ class Live:
             days, within = sorted(set(needed).intersection(existing)), (min(needed), max(needed))
         else:
             days, within = [], ("", "")
-        if needed is not None and len(days) <= _STAT_DAYS:
-            version += self._stats(days)  # a day file changed by another program than a server
+        by_files = needed is not None and len(needed) <= _STAT_DAYS
+        if by_files:
+            # Versioned by the files it reads: its answer stays while other days are written.
+            assert needed is not None
+            version = self._stats(sorted(set(needed)))
         cached = self._answers.get(query)
         if cached is not None and cached.version == version:
             self._answers.move_to_end(query)
             return cached
         sizes = await self.sink.committed_sizes(days)
         key = ("live", query, version)
-        body = await self.analytics.call(key, fold_job, str(self.data_dir), sizes, within, query)
+        body = await self.analytics.call(key, fold_job, str(self.data_dir), sizes, within, query, slow=slow)
         answer = Answer(bytes(body), version)
+        in_flight = by_files and any(
+            sizes.get(day, -1) != size for day, size in self._sizes(sorted(set(needed or ())), version)
+        )
+        if in_flight:
+            return answer  # bytes were in flight: this answer does not count all these files hold
         old = self._answers.pop(query, None)
         if old is not None:
             self._cached_bytes -= len(old.body)

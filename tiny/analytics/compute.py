@@ -74,9 +74,9 @@ class DayFile:
         return (self.size, self.mtime_ns)
 
 
-def pool_init(parent: int, threads: int, niceness: str, cgroup: Path | None = None) -> None:
+def pool_init(parent: int, threads: int, niceness: str, cgroup: Path | None = None, lane: str = "drawing") -> None:
     """Runs first in each pool process: CPU quota, threads, priority, signals, the parent watch."""
-    cpu.join(cgroup)
+    cpu.join(cgroup, lane)
     os.environ["POLARS_MAX_THREADS"] = str(threads)  # read when polars is first imported
     os.environ.setdefault("MPLBACKEND", "Agg")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the worker decides

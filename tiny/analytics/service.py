@@ -2,9 +2,10 @@
 
 Every analytics computation runs in a ``ProcessPoolExecutor`` of ``--analytics-processes``
 processes started with "spawn" (nothing of the worker's event loop, sockets or locks is
-inherited), created on the first query: the answers from the live aggregates (tiny.live,
-through :meth:`Analytics.call`) and the queries that read a day's rows with polars (one
-ip_id's downloads, the ``detail`` chart: the methods here). The worker only stats files and
+inherited), created on first use, one pool per lane: ANSWERS, the answers from the live
+aggregates (tiny.live, through :meth:`Analytics.call`: milliseconds), and DRAWING, the charts
+and the queries that read a day's rows with polars (one ip_id's downloads, the ``detail``
+chart: the methods here; seconds), so that the first never wait behind the second. The worker only stats files and
 awaits small results (JSON or SVG bytes), so a query never blocks the event loop that serves
 ``/ingest``.
 
@@ -28,12 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import gc
 import importlib.util
 import logging
 import multiprocessing
 import os
 import weakref
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
@@ -48,6 +51,9 @@ from tiny.config import Config
 log = logging.getLogger("tiny.analytics")
 
 _STOP_SECONDS = 2.0  # how long close() waits for the pool processes to exit
+# The lanes: each its own pool, so that an answer from the aggregates (milliseconds) never
+# waits behind a chart being drawn or a day's rows being read (seconds, within the quota).
+ANSWERS, DRAWING = cpu.LANES
 _MISSING = object()
 
 
@@ -66,6 +72,25 @@ class Missing(RuntimeError):
 class Busy(RuntimeError):
     """Too many computations queued or reading rows in this worker, the pool process died, or
     it is closed (503; the message says which)."""
+
+
+def _stop(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Stop one pool: queued work cancelled, running work killed, its threads joined."""
+    # (_processes: the executor has no public handle on its processes.)
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    # shutdown(wait=False) forgets its manager thread at once, and a later shutdown(wait=True)
+    # then joins nothing: the thread, which holds the queues, is joined here instead.
+    manager = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)
+    # An idle pool process exits on the shutdown sentinel; a busy one would first finish
+    # its query (up to seconds). Nothing it computes is needed any more: stop it now.
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(_STOP_SECONDS)
+    if manager is not None:
+        manager.join(_STOP_SECONDS)
 
 
 def stat_day(data_dir: Path, date: str) -> DayFile:
@@ -145,7 +170,7 @@ class Analytics:
         self.nice = nice
         self.max_queued = max_queued
         self.row_queries = row_queries
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pools: dict[str, concurrent.futures.ProcessPoolExecutor] = {}  # lane -> its pool
         self._closed = False
         self._cache = _Cache(cache_bytes)
         self._pending: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
@@ -191,10 +216,26 @@ class Analytics:
             raise WhaleNotFound(ip_id)
         return bytes(svg)
 
-    async def call(self, key: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
-        """``func(*args)`` in the pool (once for all concurrent callers with the same ``key``),
-        for work that needs no polars (the downloads API's: tiny.downloads)."""
-        return await self._run(key, lambda result: None, func, *args)
+    async def draw(self, view: str, date: str, aggregate: bytes) -> bytes:
+        """The SVG of a view drawn from a day's aggregate (the JSON of
+        tiny.analytics.store.day_aggregate), in the DRAWING lane; kept per (view, date,
+        aggregate) in the LRU of the row queries."""
+        self.need("matplotlib")
+        drawn = DayFile(date, f"chart:{date}:{view}", len(aggregate), zlib.crc32(aggregate))  # "version": the data
+        found = self._cache.get(drawn, ("draw",))
+        if found is not _MISSING:
+            return bytes(found)
+        key = ("draw", view, date, drawn.version)
+        store = functools.partial(self._cache.put, drawn, ("draw",))
+        svg = await self._run(
+            key, lambda result: store(result, _size(result)), charts.draw_job, view, date, aggregate, lane=DRAWING
+        )
+        return bytes(svg)
+
+    async def call(self, key: tuple[Any, ...], func: Callable[..., Any], *args: Any, slow: bool = False) -> Any:
+        """``func(*args)`` in the ANSWERS lane, or DRAWING when ``slow`` (once for all
+        concurrent callers with the same ``key``): the answers from the aggregates (tiny.live)."""
+        return await self._run(key, lambda result: None, func, *args, lane=DRAWING if slow else ANSWERS)
 
     def close(self) -> None:
         """Stop the pool, if it started: queued work is cancelled, running work is killed.
@@ -204,54 +245,42 @@ class Analytics:
         exits (no "leaked semaphore" warning).
         """
         self._closed = True
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        # (_processes: the executor has no public handle on its processes.)
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        # shutdown(wait=False) forgets its manager thread at once, and a later shutdown(wait=True)
-        # then joins nothing: the thread, which holds the queues, is joined here instead.
-        manager = getattr(pool, "_executor_manager_thread", None)
-        pool.shutdown(wait=False, cancel_futures=True)
-        # An idle pool process exits on the shutdown sentinel; a busy one would first finish
-        # its query (up to seconds). Nothing it computes is needed any more: stop it now.
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-        for process in processes:
-            process.join(_STOP_SECONDS)
-        if manager is not None:
-            manager.join(_STOP_SECONDS)
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            _stop(pool)
+        del pools
         # The queues' semaphores are released when the queues are collected: now, since a
         # forked worker leaves by os._exit, which runs no finalizer.
-        del pool, processes, manager
         gc.collect()
 
-    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
-        """The pool, created on first use (in the worker process that uses it)."""
+    def _executor(self, lane: str) -> concurrent.futures.ProcessPoolExecutor:
+        """The pool of ``lane``, created on first use (in the worker process that uses it)."""
         if self._closed:
             raise Busy("the server is shutting down")
-        if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(
+        pool = self._pools.get(lane)
+        if pool is None:
+            pool = self._pools[lane] = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.processes,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=compute.pool_init,
-                initargs=(os.getpid(), self.threads, self.nice, cpu.CGROUP),
+                initargs=(os.getpid(), self.threads, self.nice, cpu.CGROUP, lane),
             )
             log.info(
-                "analytics pool started: %d process(es), %d polars thread(s), nice %s",
+                "analytics pool (%s) started: %d process(es), %d polars thread(s), nice %s",
+                lane,
                 self.processes,
                 self.threads,
                 self.nice,
             )
-        return self._pool
+        return pool
 
     def _replace_broken(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
         """Forget a pool whose process died (killed, out of memory): the next query starts a new one."""
-        if self._pool is broken:
-            log.error("the analytics process died; starting a new one")
-            self._pool = None
-            broken.shutdown(wait=False, cancel_futures=True)
+        for lane, pool in list(self._pools.items()):
+            if pool is broken:
+                log.error("the analytics process (%s) died; starting a new one", lane)
+                del self._pools[lane]
+                broken.shutdown(wait=False, cancel_futures=True)
 
     async def _rows(self, day: DayFile, query: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
         """``func(*args)``, a job that reads the day's rows, in the pool, or its cached result
@@ -272,14 +301,15 @@ class Analytics:
         if key not in self._pending:
             self._reading_rows[key] = reading  # until the computation settles (see _settle)
         try:
-            return await self._run(key, lambda result: self._cache.put(day, query, result, _size(result)), func, *args)
+            store = functools.partial(self._cache.put, day, query)
+            return await self._run(key, lambda result: store(result, _size(result)), func, *args, lane=DRAWING)
         except Busy:
             if key not in self._pending:
                 self._reading_rows.pop(key, None)
             raise
 
     async def _run(
-        self, key: tuple[Any, ...], store: Callable[[Any], None], func: Callable[..., Any], *args: Any
+        self, key: tuple[Any, ...], store: Callable[[Any], None], func: Callable[..., Any], *args: Any, lane: str
     ) -> Any:
         """``func(*args)`` in the pool, once for all concurrent callers with the same ``key``;
         ``store`` gets the result as soon as it is there (even if every caller went away)."""
@@ -287,7 +317,7 @@ class Analytics:
         if future is None:
             if len(self._pending) >= self.max_queued:
                 raise Busy(f"{len(self._pending)} analytics queries are queued")
-            pool = self._executor()
+            pool = self._executor(lane)
             try:
                 future = asyncio.get_running_loop().run_in_executor(pool, func, *args)
             except BrokenProcessPool:  # its process died since the last query

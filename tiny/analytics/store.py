@@ -5,15 +5,15 @@ the day was folded up to its committed size (tiny.live.fold_job). Each reads a
 day's few aggregate rows through an index: the top N whales are an index range of
 ``ips_by_downloads``, their hours and countries N small lookups. The results have the shape
 tiny.analytics.compute.aggregate_frame gives from the rows (the tests hold both to the same
-independent count). Charts of the ``traffic``, ``whales`` and ``hourly`` views are drawn from
-these results (tiny.analytics.charts) and kept in the pool process per version of the day's
-aggregates (its file's inode and the bytes folded) and ``top``, at most _CHART_CACHE_BYTES.
+independent count). The ``traffic``, ``whales`` and ``hourly`` charts are drawn from
+:func:`day_aggregate`'s result in the other lane of the pool (tiny.analytics.charts.draw_job),
+which never touches the store: a chart being drawn, slowly and at idle priority, never holds
+the store's write lock that an answer waits for.
 """
 
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from typing import Any
 
 from tiny import layout
@@ -21,23 +21,26 @@ from tiny.aggregates import IP_OFFSET, Aggregates, join_bytes
 from tiny.analytics.names import whale_name
 
 HOURS = 24
-_CHART_CACHE_BYTES = 16 * 1024**2
-_charts: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
-_chart_bytes = 0
+_TAIL = 256
+_COUNTED = 4096  # day files whose line count a pool process remembers
+_counted: dict[str, tuple[int, int, bytes]] = {}  # path -> (bytes counted, LFs in them, their last _TAIL bytes)
+UNFOLDED = frozenset(("days",))  # queries answered without folding first
 
 
-def answer(store: Aggregates, query: tuple[Any, ...]) -> bytes:
+def answer(store: Aggregates, query: tuple[Any, ...], sizes: dict[str, int]) -> bytes:
     """The dashboard's answer to ``query``, as the bytes to send: JSON (``null`` when the day
-    has no file) or, for a chart, SVG (empty when the day has no file). Queries:
+    has no file). Queries:
     ``("days", dates)``, ``("summary" | "whales" | "hourly", date, top)``, ``("biggest", date)``
-    (the top whale's ip_id) and ``("chart", date, view, top)``."""
+    (the top whale's ip_id) and ``("aggregate", date, top)`` (:func:`day_aggregate`, which the
+    charts are drawn from). ``sizes``: the committed sizes
+    of the days' files."""
     from tiny.analytics.compute import dumps
 
     kind, *args = query
     if kind == "days":
-        return dumps(days(store, list(args[0])))
-    if kind == "chart":
-        return chart(store, *args)
+        return dumps(days(store, list(args[0]), sizes))
+    if kind == "aggregate":  # what a chart is drawn from (tiny.analytics.charts.draw_job)
+        return dumps(day_aggregate(store, *args))
     if kind == "biggest":
         aggregate = day_aggregate(store, args[0], 1)
         return dumps(None if aggregate is None else (aggregate["whales"] or [{"ip_id": None}])[0]["ip_id"])
@@ -77,50 +80,48 @@ def _hourly(date: str, top: int, aggregate: dict[str, Any]) -> dict[str, Any]:
 _SHAPES = {"summary": _summary, "whales": _whales, "hourly": _hourly}
 
 
-def chart(store: Aggregates, day: str, view: str, top: int) -> bytes:
-    """The SVG of ``view`` (traffic, whales or hourly) of the day's top N; b"" without a file."""
-    global _chart_bytes
-    from tiny.analytics import charts
+def days(store: Aggregates, dates: list[str], sizes: dict[str, int]) -> list[dict[str, Any]]:
+    """``{"date", "rows", "bytes"}`` of each of ``dates`` that has a file: its rows (complete
+    lines after the header below its committed size) and its size now.
 
-    key = (str(store.data_dir), day, day_state(store, day), view, top)
-    svg = _charts.get(key)
-    if svg is not None:
-        _charts.move_to_end(key)
-        return svg
-    aggregate = day_aggregate(store, day, top)
-    if aggregate is None:
-        return b""
-    svg = charts.render(view, day, aggregate)
-    _charts[key] = svg
-    _chart_bytes += len(svg)
-    while _chart_bytes > _CHART_CACHE_BYTES:
-        _, dropped = _charts.popitem(last=False)
-        _chart_bytes -= len(dropped)
-    return svg
-
-
-def day_state(store: Aggregates, day: str) -> tuple[int, int] | None:
-    """What names the day's aggregates now: (inode, bytes folded) of its file; None without one."""
-    row = store.db.execute("SELECT inode, consumed FROM files WHERE day = ?", (day,)).fetchone()
-    return None if row is None else (row[0], row[1])
-
-
-def days(store: Aggregates, dates: list[str]) -> list[dict[str, Any]]:
-    """``{"date", "rows", "bytes"}`` of each of ``dates`` that has a file: its rows (complete,
-    committed lines) and its size now."""
-    if not dates:
-        return []
-    found = dict(
-        store.db.execute("SELECT day, rows FROM files WHERE day BETWEEN ? AND ?", (min(dates), max(dates))).fetchall()
-    )
+    The rows are counted from the file, not the aggregates: listing the days must not fold
+    the day being written (a fold costs ~100x a count of its lines). The count is
+    incremental: a file that grew since the last count in this process is counted from where
+    that count stopped, if the bytes just before that point are still the same (a flush the
+    sink cut back and rewrote differently gets a full recount)."""
     listed = []
     for day in dates:
+        path = layout.day_path(store.data_dir, day)
         try:
-            size = os.stat(layout.day_path(store.data_dir, day)).st_size
+            size = os.stat(path).st_size
         except FileNotFoundError:
             continue
-        listed.append({"date": day, "rows": found.get(day, 0), "bytes": size})
+        listed.append({"date": day, "rows": count_rows(str(path), min(sizes.get(day, size), size)), "bytes": size})
     return listed
+
+
+def count_rows(path: str, size: int) -> int:
+    """Rows (complete lines after the header) among the first ``size`` bytes of a day file."""
+    known = _counted.pop(path, None)
+    start, lines, tail = 0, 0, b""
+    with open(path, "rb") as handle:
+        if known is not None and known[0] <= size:
+            handle.seek(known[0] - len(known[2]))
+            if handle.read(len(known[2])) == known[2]:
+                start, lines, tail = known
+        handle.seek(start)
+        left = size - start
+        while left > 0:
+            chunk = handle.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            lines += chunk.count(b"\n")
+            left -= len(chunk)
+            tail = (tail + chunk)[-_TAIL:]
+    _counted[path] = (size - left, lines, tail)
+    while len(_counted) > _COUNTED:
+        del _counted[next(iter(_counted))]
+    return max(lines - 1, 0)
 
 
 def day_aggregate(store: Aggregates, day: str, top: int) -> dict[str, Any] | None:

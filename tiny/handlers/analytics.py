@@ -125,7 +125,8 @@ class AnalyticsHandler(JSONHandler):
         """``{"date", "rows", "bytes"}`` of each of ``days`` from the live aggregates."""
         if not days:
             return []
-        answer = await self.answer(self.deps.live.answer(("days", tuple(days)), days))
+        # slow: the rows of a day being written are counted from its new bytes
+        answer = await self.answer(self.deps.live.answer(("days", tuple(days)), days, slow=True))
         return list(orjson.loads(answer.body))
 
     def send_json(self, body: Any) -> None:
@@ -226,7 +227,8 @@ class ChartHandler(AnalyticsHandler):
         ip_id = self.ip_id(text) if text is not None else None
         if view in charts.FROM_AGGREGATES:
             self.need("matplotlib")
-            svg = await self.aggregated(("chart", day, view, top), day)
+            aggregate = await self.aggregated(("aggregate", day, top), day)
+            svg = await self.answer(self.deps.analytics.draw(view, day, aggregate))
         else:  # detail: one ip_id's downloads, from the rows
             if ip_id is None:
                 biggest = orjson.loads(await self.aggregated(("biggest", day), day))
