@@ -302,8 +302,7 @@ class ReadLoad:
     def _dashboard(self, rng: random.Random) -> None:
         day, top = rng.choice(self.days), rng.randint(1, 100)
         base = f"/api/days/{day}"
-        if rng.random() < float(os.environ.get("READS_DAYS_SHARE", "1")):
-            self._get("days", "/api/days?limit=1000")
+        self._get("days", "/api/days?limit=1000")
         self._get("summary", f"{base}/summary?top={top}")
         whales = self._get("whales", f"{base}/whales?top={top}")
         self._get("hourly", f"{base}/whales/hourly?top={top}")
