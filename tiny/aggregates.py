@@ -24,12 +24,11 @@ string, a bare ``NA`` is missing. A row that does not parse is skipped and count
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -37,6 +36,7 @@ from urllib.parse import quote
 from tiny import layout
 from tiny.cranlog import parse_row
 from tiny.layout import HEADER
+from tiny.transaction import immediate
 
 _VERSION = 2  # PRAGMA user_version: a store of another version is emptied and counted again
 _TABLES = (
@@ -203,14 +203,14 @@ class Aggregates:
             stored = self.db.execute("SELECT day FROM files WHERE day BETWEEN ? AND ?", within).fetchall()
             for (day,) in stored:
                 if day not in sizes:
-                    with self._transaction():
+                    with immediate(self.db):
                         self._forget(day)
         for day, size in sizes.items():
             row = self.db.execute("SELECT inode, consumed FROM files WHERE day = ?", (day,)).fetchone()
             if row is not None and row[1] >= size and row[0] == _inode(self.data_dir, day):
                 continue  # up to date: an indexed read and a stat
             while True:
-                with self._transaction():
+                with immediate(self.db):
                     rows = self._fold_block(day, size)
                 if rows is None:
                     break
@@ -225,7 +225,7 @@ class Aggregates:
         transaction: readers see the old counts until the new ones are complete; other
         folds wait (up to the connection's timeout) meanwhile. Returns the rows folded."""
         folded = 0
-        with self._transaction():
+        with immediate(self.db):
             for table in ("files", *_PER_DAY):
                 self.db.execute(f"DELETE FROM {table}")
             for day, size in sorted(sizes.items()):
@@ -302,16 +302,6 @@ class Aggregates:
         for table in _PER_DAY:
             self.db.execute(f"DELETE FROM {table} WHERE day = ?", (day,))
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
-
 
 def _set_up(db: sqlite3.Connection, deadline: float) -> None:
     """WAL mode and the tables of _VERSION (a store of another version, or an older one
@@ -336,18 +326,13 @@ def _set_up(db: sqlite3.Connection, deadline: float) -> None:
 def _create(db: sqlite3.Connection) -> None:
     """The tables of _VERSION in place of whatever is there, in one transaction (DDL is
     transactional in SQLite: a second process doing the same waits, then finds it done)."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
+    with immediate(db):
         if db.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
             for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
                 db.execute(f'DROP TABLE "{table}"')
             for statement in _TABLES:
                 db.execute(statement)
             db.execute(f"PRAGMA user_version = {_VERSION}")
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
 
 
 def _inode(data_dir: Path, day: str) -> int | None:

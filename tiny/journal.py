@@ -66,7 +66,7 @@ import sqlite3
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -76,6 +76,7 @@ import orjson
 from blake3 import blake3
 
 from tiny import layout, limits
+from tiny.transaction import immediate
 
 log = logging.getLogger("tiny.journal")
 
@@ -423,7 +424,7 @@ class Journal:
         self._db = _connect(journal_path, create=True)
         self.db.execute(f"PRAGMA journal_mode={'WAL' if self.mode == 'wal' else 'DELETE'}")
         self._configure()
-        with self._transaction():
+        with immediate(self.db):
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     self.db.execute(statement)
@@ -740,7 +741,7 @@ class Journal:
                 self._inserted = inserted
                 return held
             self.rollback()
-            with self._transaction():
+            with immediate(self.db):
                 self.db.executemany(f"DELETE FROM {_TABLE} WHERE key = ?", expired)
 
     def rollback(self) -> None:
@@ -864,16 +865,6 @@ class Journal:
         passes for the first. Any thread; the journal must be open."""
         assert self.digest_key is not None, "Journal.open() first"
         return blake3(body, key=self.digest_key).digest(DIGEST_BYTES)
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
 
 
 def stored_mode(data_dir: Path) -> str | None:
