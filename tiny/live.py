@@ -26,6 +26,7 @@ Both the downloads API (tiny.downloads) and the dashboard's API and charts
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import zlib
@@ -136,22 +137,18 @@ class Live:
         days = self.days(version)
         return date.fromisoformat(days[-1]) if days else datetime.now(UTC).date()
 
-    def _stats(self, days: list[str]) -> tuple[int, ...]:
-        """(inode, size, mtime_ns) of each of the days' files, (-1, -1, -1) for one without."""
-        stats: list[int] = []
-        for day in days:
+    def _stats(self, days: set[str]) -> dict[str, tuple[int, int, int]]:
+        """(inode, size, mtime_ns) of each of the days' files, oldest day first; (-1, -1, -1)
+        for one without."""
+        stats = {}
+        for day in sorted(days):
             try:
                 stat = os.stat(layout.day_path(self.data_dir, day))
             except FileNotFoundError:
-                stats += (-1, -1, -1)
+                stats[day] = (-1, -1, -1)
             else:
-                stats += (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        return tuple(stats)
-
-    @staticmethod
-    def _sizes(days: list[str], stats: tuple[int, ...]) -> list[tuple[str, int]]:
-        """The file sizes in :meth:`_stats` of ``days`` (those with a file)."""
-        return [(day, stats[3 * n + 1]) for n, day in enumerate(days) if stats[3 * n] != -1]
+                stats[day] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        return stats
 
     async def answer(self, query: tuple[Any, ...], needed: list[str] | None, slow: bool = False) -> Answer:
         """The answer to ``query`` (see fold_job), reading the days ``needed`` (None: all; a
@@ -165,11 +162,11 @@ class Live:
             days, within = sorted(set(needed).intersection(existing)), (min(needed), max(needed))
         else:
             days, within = [], ("", "")
-        by_files = needed is not None and len(needed) <= _STAT_DAYS
-        if by_files:
+        stats = {}
+        if needed is not None and len(needed) <= _STAT_DAYS:
             # Versioned by the files it reads: its answer stays while other days are written.
-            assert needed is not None
-            version = self._stats(sorted(set(needed)))
+            stats = self._stats(set(needed))
+            version = tuple(itertools.chain.from_iterable(stats.values()))
         cached = self._answers.get(query)
         if cached is not None and cached.version == version:
             self._answers.move_to_end(query)
@@ -178,10 +175,7 @@ class Live:
         key = ("live", query, version)
         body = await self.analytics.call(key, fold_job, str(self.data_dir), sizes, within, query, slow=slow)
         answer = Answer(bytes(body), version)
-        in_flight = by_files and any(
-            sizes.get(day, -1) != size for day, size in self._sizes(sorted(set(needed or ())), version)
-        )
-        if in_flight:
+        if any(sizes.get(day, -1) != size for day, (inode, size, _) in stats.items() if inode != -1):
             return answer  # bytes were in flight: this answer does not count all these files hold
         old = self._answers.pop(query, None)
         if old is not None:
