@@ -14,6 +14,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -679,6 +680,26 @@ def test_the_analytics_processes_of_all_workers_share_one_cpu_quota(tmp_path: Pa
     assert idle == {"answers": "0", "drawing": "1"}
     assert workers == {"/"}  # the workers that serve /ingest are not limited
     assert not (root / parent.lstrip("/")).exists()  # removed when the server stopped
+
+
+@pytest.mark.skipif(
+    not os.access("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", os.W_OK)
+    or not Path("/proc/self/cgroup").read_text().count(":cpu:/\n"),
+    reason="needs a writable cgroup v1 cpu controller with this test in its root group (this machine kind has one)",
+)
+def test_a_killed_servers_cpu_group_is_removed_by_the_next_start(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that is no process now
+    stale = Path("/sys/fs/cgroup/cpu") / f"tiny-analytics-{gone.pid}"
+    for lane in ("answers", "drawing"):
+        (stale / lane).mkdir(parents=True)
+    try:
+        with Server(tmp_path / "data"):
+            assert not stale.exists()
+    finally:
+        for path in (stale / "answers", stale / "drawing", stale):
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 def test_the_dashboard_reads_its_writes_from_any_process(tmp_path: Path) -> None:

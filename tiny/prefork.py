@@ -185,7 +185,7 @@ def serve(config: Config) -> int:
             f"bearer token from the {config.token_source}" if config.token else "no token",
         )
         # before the fork: every worker's pool processes share the one quota
-        cpu.prepare(config.analytics_cpu, f"tiny-analytics-{os.getpid()}")
+        cpu.prepare(config.analytics_cpu, f"{cpu.PREFIX}{os.getpid()}")
         log.info("analytics CPU: %s", cpu.MODE)
         if in_process:  # no fork: kernprof and debuggers see the work in this process
             return run_worker(config, sockets[0])

@@ -5,8 +5,8 @@ loops at SCHED_IDLE cut ingest to 0.60x), so the pool processes of every worker 
 server share one cgroup whose quota is ``--analytics-cpu`` CPUs (0.25: a quarter of one
 CPU, every 100 ms period). :func:`prepare` makes it, once, in the server's main process
 before the workers fork; each pool process joins it in its initializer (:func:`join`);
-:func:`remove` deletes it when the server stops (a server killed with -9 leaves an empty
-cgroup behind: harmless, and removable with rmdir).
+:func:`remove` deletes it when the server stops. A server killed with -9 leaves its empty
+group behind; the next server to start removes the groups of servers that are gone.
 
 Where: cgroup v2 (``cpu.max``) when the server's own cgroup delegates the cpu controller
 to its children (``cgroup.subtree_control`` holds ``cpu``), else cgroup v1's cpu
@@ -30,6 +30,7 @@ from pathlib import Path
 log = logging.getLogger("tiny.analytics")
 
 PERIOD_US = 100_000
+PREFIX = "tiny-analytics-"  # a server's group: PREFIX and its main process's pid
 LANES = ("answers", "drawing")  # tiny.analytics.service's lanes, the second idle within the group
 _ROOT = Path("/sys/fs/cgroup")
 
@@ -81,6 +82,7 @@ def prepare(cpus: float, name: str) -> Path | None:
     for version, parent in (("v2", _v2_parent()), ("v1", _v1_parent())):
         if parent is None:
             continue
+        _remove_stale(parent)
         group = parent / name
         try:
             group.mkdir(exist_ok=True)
@@ -102,6 +104,15 @@ def prepare(cpus: float, name: str) -> Path | None:
         return group
     MODE = "no quota (no writable cgroup cpu controller here): SCHED_IDLE only"
     return None
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove the groups of servers that are gone (killed with -9: they could not remove theirs),
+    so that restarts never pile them up. A group is named for its server's pid (PREFIX<pid>)."""
+    for group in parent.glob(f"{PREFIX}*"):
+        pid = group.name[len(PREFIX) :]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            remove(group)
 
 
 def _set_idle(group: Path) -> str:
