@@ -22,9 +22,11 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support import ROOT, SAMPLE_DAY, Server, package_counts, record, sample_csv, second_day_csv
-from tiny import aggregates, badges
+from tiny import aggregates, badges, codec
 from tiny.aggregates import Aggregates
 from tiny.analytics import store as dashboard
 from tiny.cranlog import iter_records
@@ -226,6 +228,64 @@ def append_rows(path: Path, rows: list[bytes]) -> None:
 
 def csv_row(package: str, day: str = DAY, ip_id: int = 1) -> bytes:
     return f'"{day}","10:00:00",1000,"3.1.0","x86_64","linux-gnu","{package}","1.0","DE",{ip_id}\n'.encode()
+
+
+def test_a_row_whose_strings_hold_unicode_line_separators_is_counted(tmp_path: Path) -> None:
+    # The codec accepts U+2028, U+2029 and U+0085 in strings (only U+0000-U+001F are refused);
+    # Python's str.splitlines breaks lines at them, the day file's lines end at LF only.
+    path = tmp_path / f"{DAY}.csv"
+    odd = ["a\u2028b", "c\u2029d", "e\x85f"]
+    path.write_bytes(HEADER + b"".join(csv_row(package) for package in odd))
+    store = Aggregates(tmp_path)
+    assert store.fold(sizes_of(tmp_path)) == 3
+    assert store_counts(tmp_path)[DAY] == dict.fromkeys(odd, 1)
+    assert store.db.execute("SELECT skipped FROM files").fetchone() == (0,)
+
+
+def sums_of(sums: aggregates._Sums) -> tuple[object, ...]:
+    return (
+        sums.rows, sums.bytes, sums.skipped, dict(sums.packages), dict(sums.hours),
+        {ip: tuple(totals) for ip, totals in sums.ips.items()}, dict(sums.ip_hours), dict(sums.ip_countries),
+    )  # fmt: skip
+
+
+def test_the_compiled_count_equals_the_rule_book_on_the_sample_day() -> None:
+    if codec.CODEC != "rust":
+        pytest.skip("the compiled codec is not in use (TINY_CODEC=python or not built)")
+    block = sample_csv()
+    counted = aggregates.count(block, len(HEADER), len(block))
+    assert sums_of(counted) == sums_of(aggregates.count_reference(block, len(HEADER), len(block)))
+    assert counted.rows == 77_107 and counted.skipped == 0
+
+
+# Fragments of rows: the usual ones and each way a row can leave the compiled count's path.
+_DATES = st.sampled_from(['"2014-05-04"', "NA", '"x"'])
+_TIMES = st.sampled_from(['"00:00:00"', '"23:59:59"', '"24:00:00"', '"7:00:00"', '"0', '"ab:00:00"', "NA", ""])
+_INTEGERS = st.sampled_from(["0", "1", "007", str(2**64 - 1), str(2**64), "-1", " 5", "1_0", "NA", "", "+3", "1.5"])
+_STRINGS = st.sampled_from(
+    ['"Rcpp"', '"data.table"', "NA", '"NA"', '""', '"a,b"', '"a""b"', '"é"', '"\u2028"', "bare", '"open', "\r"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(
+                _DATES, _TIMES, _INTEGERS, _STRINGS, _STRINGS, _STRINGS, _STRINGS, _STRINGS, _STRINGS, _INTEGERS
+            ).map(",".join),
+            st.sampled_from(["", "\r", "a,b", ",,,,,,,,,", '"2014-05-04"']),
+        ),
+        max_size=20,
+    ),
+    st.binary(max_size=6),
+)
+def test_the_compiled_count_equals_the_rule_book_on_any_lines(lines: list[str], junk: bytes) -> None:
+    if codec.CODEC != "rust":
+        pytest.skip("the compiled codec is not in use (TINY_CODEC=python or not built)")
+    block = HEADER + b"".join(line.encode() + b"\n" for line in lines) + junk.replace(b"\n", b"") + b"\n"
+    start, end = len(HEADER), len(block)
+    assert sums_of(aggregates.count(block, start, end)) == sums_of(aggregates.count_reference(block, start, end))
 
 
 def test_a_fold_reads_only_what_was_appended_since_the_last(tmp_path: Path) -> None:

@@ -6,9 +6,14 @@ raw_line)``, the valid and invalid counts, and the line range of the rejects lef
 It takes ``bytes`` only (PyO3's ``&[u8]``: a bytearray or memoryview raises TypeError) and
 never raises for any bytes. The constants say what the module is (its version and the hash of
 the sources it was built from) and what it enforces; tiny.codec holds them equal to its own.
+
+``tally(block, start, end)`` counts the day-file lines of ``block[start:end]`` for the aggregate
+store (tiny.aggregates.count): rows, bytes, downloads per package, per hour (24 counts),
+``[downloads, bytes]`` per ip_id, downloads per ``(ip_id, hour)`` and per ``(ip_id, country)``,
+and the ``(start, end)`` of each line it leaves to the rule book (tiny.aggregates._Sums.add).
 """
 
-__all__ = ["BUILD_ID", "COLUMNS", "MAX_DAYS", "MAX_REJECTS", "MAX_STRING", "REASONS", "encode"]
+__all__ = ["BUILD_ID", "COLUMNS", "MAX_DAYS", "MAX_REJECTS", "MAX_STRING", "REASONS", "encode", "tally"]
 
 __version__: str
 BUILD_ID: str  # FNV-1a 64 of the sources it was built from (rust/tiny_codec/build.rs)
@@ -21,3 +26,15 @@ REASONS: list[str]
 def encode(
     body: bytes, max_days: int = 16, max_rejects: int = 1000
 ) -> tuple[dict[str, bytes], list[tuple[int, str, bytes]], int, int, tuple[int, int] | None]: ...
+def tally(
+    block: bytes, start: int, end: int
+) -> tuple[
+    int,
+    int,
+    dict[str, int],
+    list[int],
+    dict[int, list[int]],
+    dict[tuple[int, int], int],
+    dict[tuple[int, str], int],
+    list[tuple[int, int]],
+]: ...

@@ -11,7 +11,9 @@
 //! - [`fast`]: its fast path for the usual line (compact, no escapes, ASCII);
 //! - [`record`]: the field rules and the CSV row;
 //! - [`batch`]: the body loop (lines, blanks, UTF-8, grouping per day);
-//! - [`runs`]: the scanner's inner loops, 16 bytes at a time.
+//! - [`runs`]: the scanner's inner loops, 16 bytes at a time;
+//! - [`tally`]: the other way: counting the rows of a day file for the aggregate store
+//!   (`tiny._codec.tally`, tiny/aggregates.py).
 //!
 //! The Python binding (feature `python`, on in wheels built by maturin) releases the GIL
 //! for all of the scanning and only builds Python objects at the end.
@@ -21,6 +23,7 @@ mod fast;
 mod json;
 mod record;
 mod runs;
+pub mod tally;
 
 #[cfg(feature = "python")]
 mod python {
@@ -50,6 +53,45 @@ mod python {
         (days, rejects, encoded.valid, encoded.invalid, encoded.omitted).into_pyobject(py)
     }
 
+    /// tally(block: bytes, start: int, end: int) -> tuple[int, int, dict[str, int], list[int],
+    ///     dict[int, list[int]], dict[tuple[int, int], int], dict[tuple[int, str], int],
+    ///     list[tuple[int, int]]]
+    ///
+    /// The counts of the day-file lines in block[start:end] (end just past an LF): rows,
+    /// bytes, downloads per package, per hour (24), [downloads, bytes] per ip_id, downloads
+    /// per (ip_id, hour) and per (ip_id, country), and the (start, end) of each line left to
+    /// the caller's rules (crate::tally says which). ValueError for a range outside the block.
+    #[pyfunction]
+    fn tally<'py>(py: Python<'py>, block: &[u8], start: usize, end: usize) -> PyResult<Bound<'py, PyTuple>> {
+        if start > end || end > block.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err("tally: start..end outside the block"));
+        }
+        let t = py.detach(|| crate::tally::tally(block, start, end));
+        let text = |bytes: &[u8]| PyString::new(py, &String::from_utf8_lossy(bytes));
+        let packages = PyDict::new(py);
+        for (package, count) in &t.packages {
+            packages.set_item(text(package), count)?;
+        }
+        let ips = PyDict::new(py);
+        for (ip, (count, bytes)) in &t.ips {
+            ips.set_item(
+                ip,
+                PyList::new(py, [count.into_pyobject(py)?.into_any(), bytes.into_pyobject(py)?.into_any()])?,
+            )?;
+        }
+        let ip_hours = PyDict::new(py);
+        for (key, count) in &t.ip_hours {
+            ip_hours.set_item(key, count)?;
+        }
+        let ip_countries = PyDict::new(py);
+        for ((ip, country), count) in &t.ip_countries {
+            ip_countries.set_item((ip, text(country)), count)?;
+        }
+        let hours = PyList::new(py, t.hours)?;
+        let deferred = PyList::new(py, &t.deferred)?;
+        (t.rows, t.bytes, packages, hours, ips, ip_hours, ip_countries, deferred).into_pyobject(py)
+    }
+
     /// `tiny._codec`: maturin names the shared library after the last part of the
     /// module-name in pyproject.toml, and Python looks for `PyInit__codec` in it. Besides
     /// `encode`, it says what it is: its version, the hash of the sources it was built from
@@ -59,6 +101,7 @@ mod python {
     #[pyo3(name = "_codec")]
     fn codec_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(encode, m)?)?;
+        m.add_function(wrap_pyfunction!(tally, m)?)?;
         let limits = crate::batch::Limits::default();
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("BUILD_ID", env!("TINY_CODEC_SOURCE_HASH"))?;
