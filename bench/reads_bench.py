@@ -268,7 +268,8 @@ def run_queries(history: Path, dates: list[str], repeats: int) -> dict[str, Any]
 
 
 class ReadLoad:
-    """``clients`` threads reading the server like their users, pausing ``think`` s between visits."""
+    """``clients`` threads reading the server like their users, pausing ``think`` s between visits,
+    each on one keep-alive connection as a browser or R's httr keeps one."""
 
     def __init__(self, port: int, kind: str, days: list[str], clients: int, think: float, seed: int) -> None:
         self.port, self.kind, self.days, self.think = port, kind, days, think
@@ -276,6 +277,7 @@ class ReadLoad:
         self.latency: dict[str, list[float]] = defaultdict(list)
         self.status: dict[int, int] = defaultdict(int)
         self.lock = threading.Lock()
+        self.local = threading.local()
         self.threads = [threading.Thread(target=self._run, args=(seed + n,), daemon=True) for n in range(clients)]
 
     def __enter__(self) -> ReadLoad:
@@ -289,9 +291,21 @@ class ReadLoad:
             thread.join(120)
 
     def _get(self, name: str, path: str) -> bytes:
+        """One GET on this client's keep-alive connection (a browser's, or httr's handle),
+        opened again after an error or a close."""
+        connection = self.local.__dict__.get("connection")
+        if connection is None:
+            connection = self.local.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        started = time.perf_counter()
         try:
-            status, seconds, body = get(self.port, path)
+            connection.request("GET", path)
+            response = connection.getresponse()
+            status, body = response.status, response.read()
+            seconds = time.perf_counter() - started
+            if response.will_close:
+                connection.close()
         except (OSError, http.client.HTTPException):
+            connection.close()
             status, seconds, body = 0, 0.0, b""
         with self.lock:
             self.status[status] += 1
@@ -328,9 +342,13 @@ class ReadLoad:
     def _run(self, seed: int) -> None:
         rng = random.Random(seed)
         visit = {"dashboard": self._dashboard, "api": self._api, "control": self._control}[self.kind]
-        while not self.stop.is_set():
-            visit(rng)
-            self.stop.wait(self.think)
+        try:
+            while not self.stop.is_set():
+                visit(rng)
+                self.stop.wait(self.think)
+        finally:
+            if (connection := self.local.__dict__.get("connection")) is not None:
+                connection.close()
 
     def figures(self, seconds: float) -> dict[str, Any]:
         answered = sum(len(v) for v in self.latency.values())
