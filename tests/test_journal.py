@@ -395,20 +395,21 @@ def test_committed_sizes_are_read_without_the_lock_from_the_intent(tmp_path: Pat
     other_file.write_bytes(b"h\n")
     journal = opened(tmp_path)
     other = opened(tmp_path)  # another process's view of the same data dir
-    assert other.committed_sizes_unlocked([path, tmp_path / "none.csv"]) == {path: 4}
+    d, e = "d.csv", "e.csv"  # the files' names in the data dir, as intents name them
+    assert other.committed_sizes_unlocked([d, "none.csv"]) == {d: 4}
     with journal.locked():
         journal.intend([Intent("d.csv", 4, 6, False)])
         path.write_bytes(b"h\n1\n2\n")  # a flush under way: its bytes are not committed yet
-        assert other.committed_sizes_unlocked([path, other_file]) == {path: 4, other_file: 2}
+        assert other.committed_sizes_unlocked([d, e]) == {d: 4, e: 2}
         journal.commit()
         journal.finish()
-    assert other.committed_sizes_unlocked([path]) == {path: 6}
+    assert other.committed_sizes_unlocked([d]) == {d: 6}
     with journal.locked():
         journal.intend([Intent("d.csv", 6, 8, False)])
         path.write_bytes(b"h\n1\n2\n3\n")
-    assert other.committed_sizes_unlocked([path]) == {path: 6}  # a crashed flush: below it only
+    assert other.committed_sizes_unlocked([d]) == {d: 6}  # a crashed flush: below it only
     with other.locked():
         assert other.recover() == 1
-    assert other.committed_sizes_unlocked([path]) == {path: 6}
+    assert other.committed_sizes_unlocked([d]) == {d: 6}
     layout.intent_path(tmp_path).write_bytes(b"I\x00\x00")  # torn: only the lock and recovery know
-    assert other.committed_sizes_unlocked([path]) is None
+    assert other.committed_sizes_unlocked([d]) is None

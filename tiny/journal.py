@@ -823,9 +823,10 @@ class Journal:
         if self.fsync:
             os.fsync(self._intent_fd)
 
-    def committed_sizes_unlocked(self, paths: list[Path]) -> dict[Path, int] | None:
-        """The sizes of ``paths`` (those that exist) below which every byte is committed,
-        read without the flush lock, or None when that cannot be known that way now.
+    def committed_sizes_unlocked(self, names: list[str]) -> dict[str, int] | None:
+        """The sizes of the files ``names`` (relative to the data dir, as intents name them;
+        those that exist) below which every byte is committed, read without the flush lock,
+        or None when that cannot be known that way now.
 
         A seqlock on the intent file: every flush writes its intent (mark, length, CRC, the
         files with their sizes before) before its first byte reaches a file, and marks it
@@ -839,6 +840,7 @@ class Journal:
         changed three times in a row, or is torn or too long to read in one go."""
         if self._intent_fd < 0:
             return None
+        root = str(self.data_dir)  # joined as strs: Path joins cost more than the stats
         for _ in range(3):
             record = os.pread(self._intent_fd, _UNLOCKED_INTENT_BYTES, 0)
             before: dict[str, int] = {}
@@ -848,13 +850,12 @@ class Journal:
                     continue  # being written, torn, or longer than read
                 before = {intent.name: intent.size_before for intent in parsed[1]}
             sizes = {}
-            for path in paths:
+            for name in names:
                 try:
-                    size = os.stat(path).st_size
+                    size = os.stat(os.path.join(root, name)).st_size
                 except FileNotFoundError:
                     continue
-                relative = os.path.relpath(path, self.data_dir)
-                sizes[path] = min(size, before[relative]) if relative in before else size
+                sizes[name] = min(size, before[name]) if name in before else size
             if os.pread(self._intent_fd, 9, 0) == record[:9]:
                 return sizes
         return None

@@ -223,16 +223,15 @@ class DailyFileSink:
         half-done then and no later recovery cuts below them. SinkError when the lock or the
         journal is refused. (For the live aggregates: tiny.aggregates.)"""
         await self.ready()
-        loop = asyncio.get_running_loop()
-        paths = [layout.day_path(self.data_dir, day) for day in days]
+        names = [layout.day_file(day) for day in days]
         try:
             # Without the flush lock when no flush is under way (Journal.committed_sizes_unlocked):
             # a reader neither waits for flushes nor holds them up. A few system calls, on the
             # loop: a thread would take the GIL from it.
-            unlocked = self.journal.committed_sizes_unlocked(paths)
+            unlocked = self.journal.committed_sizes_unlocked(names)
             if unlocked is not None:
-                return {day: unlocked[path] for day, path in zip(days, paths, strict=True) if path in unlocked}
-            return await loop.run_in_executor(self._executor, self._committed, days)
+                return {day: unlocked[name] for day, name in zip(days, names, strict=True) if name in unlocked}
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._committed, days)
         except (JournalError, OSError, SQLiteError) as exc:
             raise SinkError(str(exc)) from None
 
