@@ -33,6 +33,7 @@ PERIOD_US = 100_000
 PREFIX = "tiny-analytics-"  # a server's group: PREFIX and its main process's pid
 LANES = ("answers", "drawing")  # tiny.analytics.service's lanes, the second idle within the group
 _ROOT = Path("/sys/fs/cgroup")
+_LEAST_WEIGHT = {"v2": ("cpu.weight", "1"), "v1": ("cpu.shares", "2")}  # a group's lowest share of its parent
 
 CGROUP: Path | None = None  # set by prepare() in the main process, inherited by the forked workers
 MODE = "no quota: SCHED_IDLE only"
@@ -88,12 +89,13 @@ def prepare(cpus: float, name: str) -> Path | None:
             group.mkdir(exist_ok=True)
             if version == "v2":
                 (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
-                (group / "cpu.weight").write_text("1")
             else:
                 (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
                 (group / "cpu.cfs_quota_us").write_text(str(quota))
-                (group / "cpu.shares").write_text("2")
-            idle = _set_idle(group)
+            if _make_idle(group, version):
+                idle = "the group idle (cpu.idle 1), the charts and row reads idle within it"
+            else:
+                idle = "the group at the least weight, the charts and row reads least within it"
             _make_lanes(group, version)
         except OSError as exc:
             log.warning("no analytics CPU quota in %s (%s)", group, exc)
@@ -115,13 +117,18 @@ def _remove_stale(parent: Path) -> None:
             remove(group)
 
 
-def _set_idle(group: Path) -> str:
-    """The group as a whole idle against its siblings (cpu.idle, Linux 5.15+), else the least
-    weight: SCHED_IDLE inside a group only ranks its tasks among themselves, while the group
-    itself would compete with the ingest workers as one normal task."""
-    if _idle_file(group):
-        return "the group idle (cpu.idle 1), the charts and row reads idle within it"
-    return "the group at the least weight, the charts and row reads least within it"
+def _make_idle(group: Path, version: str) -> bool:
+    """Make ``group`` idle against its siblings (cpu.idle, Linux 5.15+; True), else give it the
+    least weight (False): SCHED_IDLE inside a group only ranks its tasks among themselves,
+    while the group itself would compete with its siblings as one normal task. (An idle group's
+    own weight is not used while it is idle.)"""
+    try:
+        (group / "cpu.idle").write_text("1")
+    except OSError:
+        name, least = _LEAST_WEIGHT[version]
+        (group / name).write_text(least)
+        return False
+    return True
 
 
 def _make_lanes(group: Path, version: str) -> None:
@@ -133,18 +140,7 @@ def _make_lanes(group: Path, version: str) -> None:
         (group / "cgroup.subtree_control").write_text("+cpu")
     for lane in LANES:
         (group / lane).mkdir(exist_ok=True)
-    if not _idle_file(group / LANES[1]):
-        (group / LANES[1] / ("cpu.weight" if version == "v2" else "cpu.shares")).write_text(
-            "1" if version == "v2" else "2"
-        )
-
-
-def _idle_file(group: Path) -> bool:
-    try:
-        (group / "cpu.idle").write_text("1")
-    except OSError:
-        return False
-    return True
+    _make_idle(group / LANES[1], version)
 
 
 def join(group: Path | None, lane: str) -> None:
