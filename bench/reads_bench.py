@@ -398,6 +398,20 @@ def one_arm(server: Server, arm: str, body: Body, days: list[str], args: argpars
     return result
 
 
+def fresh_server(template: Path, data: Path, extra: list[str]) -> Server:
+    """A server of 2 processes on a fresh copy of ``template`` (caches empty), to start with
+    ``with``. The data dir the arm before wrote (gigabytes) is removed first, so its dirty
+    pages are dropped instead of written back during this arm. The copies are other files
+    (inodes) than those the template's store counted, which the store takes for replaced files
+    and would count again from their start under the arm's load: counted here first, as by a
+    server that ran all along."""
+    shutil.rmtree(data, ignore_errors=True)
+    os.sync()
+    shutil.copytree(template, data)
+    rebuild_aggregates(data)
+    return Server(data, *extra, processes=2, log_path=RESULTS / "logs" / "reads-ingest.log")
+
+
 def run_ingest(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     data = work / "reads-ingest"
     dash_days = [(LAST_DAY - timedelta(days=n)).isoformat() for n in reversed(range(args.dash_days))]
@@ -410,28 +424,14 @@ def run_ingest(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     # A throwaway arm first: the first server of a run was 10-25% slower than the same arm later
     # (a cold machine), which favoured whichever arm came first, always `alone` in round 1.
     warm = argparse.Namespace(**{**vars(args), "seconds": min(args.seconds, 5.0)})
-    shutil.rmtree(data, ignore_errors=True)
-    shutil.copytree(template, data)
-    rebuild_aggregates(data)
-    with Server(data, *extra, processes=2, log_path=RESULTS / "logs" / "reads-ingest.log") as server:
+    with fresh_server(template, data, extra) as server:
         one_arm(server, "alone", bodies[0], dash_days, warm, seed=0)
     for number in range(args.rounds):
         for body in bodies:
             order = arms if number % 2 == 0 else list(reversed(arms))
             figures = {}
             for arm in order:
-                # Every arm on a fresh server and data dir (caches empty), without the gigabytes
-                # the arm before wrote: removed, their dirty pages are dropped instead of
-                # written back during the next arm.
-                shutil.rmtree(data, ignore_errors=True)
-                os.sync()
-                shutil.copytree(template, data)
-                # The copies are other files (inodes) than the ones the template's store counted,
-                # which the store takes for replaced files and would count again from their start
-                # under the arm's load: counted here first, as by a server that ran all along.
-                rebuild_aggregates(data)
-                log = RESULTS / "logs" / "reads-ingest.log"
-                with Server(data, *extra, processes=2, log_path=log) as server:
+                with fresh_server(template, data, extra) as server:
                     touch_days(server.port, dash_days)  # the days read got new rows since the last arm
                     figures[arm] = one_arm(server, arm, body, dash_days, args, seed=number * 100)
                 f = figures[arm]
