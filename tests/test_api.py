@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.support import SAMPLE_DAY, Response, Server, record, sample_csv
+from tiny.analytics import cpu
 from tiny.analytics.names import whale_name
 from tiny.cranlog import iter_records
 from tiny.layout import HEADER
@@ -670,16 +671,44 @@ def test_the_analytics_processes_of_all_workers_share_one_cpu_quota(tmp_path: Pa
         pools = _pool_processes(running)
         groups = {_cpu_group_of(pid) for pid in pools}
         workers = {_cpu_group_of(pid) for pid in running.worker_pids()}
+        policies = {os.sched_getscheduler(pid) for pid in pools}
         root = Path("/sys/fs/cgroup/cpu")
         (parent,) = {group.rsplit("/", 1)[0] for group in groups}
         quota = int((root / parent.lstrip("/") / "cpu.cfs_quota_us").read_text())
         idle = {g.rsplit("/", 1)[1]: (root / g.lstrip("/") / "cpu.idle").read_text().strip() for g in groups}
         assert "analytics CPU: cgroup v1" in running.log()
     assert len(pools) == 4  # 2 workers x 2 lanes
+    assert policies == {os.SCHED_IDLE}
     assert parent.startswith("/tiny-analytics-") and quota == 30_000
     assert idle == {"answers": "0", "drawing": "1"}
     assert workers == {"/"}  # the workers that serve /ingest are not limited
     assert not (root / parent.lstrip("/")).exists()  # removed when the server stopped
+
+
+@pytest.mark.skipif(
+    not os.access("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", os.W_OK)
+    or not Path("/proc/self/cgroup").read_text().count(":cpu:/\n"),
+    reason="needs a writable cgroup v1 cpu controller with this test in its root group (this machine kind has one)",
+)
+def test_a_pool_process_is_confined_before_its_interpreter_has_started() -> None:
+    """Its start-up (re-importing the worker's modules, ~0.2 CPU-s) runs within the quota, at SCHED_IDLE."""
+    group = Path("/sys/fs/cgroup/cpu") / f"tiny-test-confine-{os.getpid()}"
+    (group / "answers").mkdir(parents=True)
+    try:
+        process = cpu.ConfinedContext(group, "answers", "idle").Process(target=os.getpid)
+        process.start()
+        assert process.pid is not None
+        stat = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(stat[11]) + int(stat[12]) <= 2  # utime + stime in ticks: still starting
+        assert _cpu_group_of(process.pid) == f"/{group.name}/answers"
+        assert os.sched_getscheduler(process.pid) == os.SCHED_IDLE
+        assert os.getpriority(os.PRIO_PROCESS, process.pid) == 19
+        process.join(30)
+        assert process.exitcode == 0
+    finally:
+        for path in (group / "answers", group):
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 @pytest.mark.skipif(

@@ -18,7 +18,6 @@ a file whose strings hold commas falls back to the exact pure-Python parser
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -26,12 +25,10 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tiny.analytics import cpu
 from tiny.analytics.names import whale_name
 from tiny.layout import COLUMNS
 
@@ -74,20 +71,12 @@ class DayFile:
         return (self.size, self.mtime_ns)
 
 
-def pool_init(parent: int, threads: int, niceness: str, cgroup: Path | None = None, lane: str = "drawing") -> None:
-    """Runs first in each pool process: CPU quota, threads, priority, signals, the parent watch."""
-    cpu.join(cgroup, lane)
+def pool_init(parent: int, threads: int) -> None:
+    """Runs first in each pool process (confined already: tiny.analytics.cpu.ConfinedContext):
+    threads, signals, the parent watch."""
     os.environ["POLARS_MAX_THREADS"] = str(threads)  # read when polars is first imported
     os.environ.setdefault("MPLBACKEND", "Agg")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the worker decides
-    if niceness == "idle":
-        # SCHED_IDLE: this process runs only when no normal task wants the CPU, and a waking
-        # ingest worker preempts it at once (a nice 10 task still gets ~10% and a time slice).
-        os.nice(19)
-        with contextlib.suppress(OSError):  # a seccomp profile may refuse it: nice 19 is close
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    elif int(niceness):
-        os.nice(int(niceness))
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="parent-watch").start()
 
 

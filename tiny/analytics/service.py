@@ -33,7 +33,6 @@ import functools
 import gc
 import importlib.util
 import logging
-import multiprocessing
 import os
 import weakref
 import zlib
@@ -261,9 +260,9 @@ class Analytics:
         if pool is None:
             pool = self._pools[lane] = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.processes,
-                mp_context=multiprocessing.get_context("spawn"),
+                mp_context=cpu.ConfinedContext(cpu.CGROUP, lane, self.nice),
                 initializer=compute.pool_init,
-                initargs=(os.getpid(), self.threads, self.nice, cpu.CGROUP, lane),
+                initargs=(os.getpid(), self.threads),
             )
             log.info(
                 "analytics pool (%s) started: %d process(es), %d polars thread(s), nice %s",
