@@ -8,10 +8,13 @@ import logging
 import signal
 import sys
 
-from tiny import config, prefork
-
 
 def main() -> int:
+    # Imported here, not on import of this module: the analytics pool's processes, spawned,
+    # import the __main__ script again (app.py, or the console script, which imports this
+    # module), and the server's own modules would cost each of them 0.16-0.24 CPU-s.
+    from tiny import config, prefork
+
     # Until the server installs its own handlers, SIGTERM means "exit 0 now": nothing has been
     # accepted yet. (As PID 1 in a container, an unhandled SIGTERM would be ignored.) Set here,
     # not on import: a process that only imports this module (the analytics pool's, spawned
