@@ -15,6 +15,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -683,6 +684,19 @@ def test_the_analytics_processes_of_all_workers_share_one_cpu_quota(tmp_path: Pa
     assert idle == {"answers": "0", "drawing": "1"}
     assert workers == {"/"}  # the workers that serve /ingest are not limited
     assert not (root / parent.lstrip("/")).exists()  # removed when the server stopped
+
+
+def test_a_pool_process_imports_none_of_the_servers_modules_with_the_main_script() -> None:
+    """A spawned pool process runs the __main__ script again as __mp_main__: app.py and the
+    console script (which imports tiny.main) leave the server's modules to main()."""
+    root = Path(__file__).resolve().parents[1]
+    probe = (
+        "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__mp_main__'); import tiny.main; "
+        "print(sorted(m for m in ('tornado', 'tiny.prefork', 'tiny.config', 'prometheus_client') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(root / "app.py")], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 @pytest.mark.skipif(
