@@ -16,10 +16,11 @@ controller (``cpu.cfs_quota_us``) when it is mounted and writable. When neither 
 
 A pool process is confined (its lane's group, SCHED_IDLE) by the worker that spawns it, the
 moment it exists (:class:`ConfinedContext`), not by itself once started: a spawned
-interpreter first imports the worker's modules again (its ``__main__``, Tornado and the rest:
-0.16-0.24 CPU-s each, measured), and the pools started by the first reads beside a busy
-ingest took that at full priority, outside the quota (measured: a 10 s dashboard arm's pool
-processes used 1.56 CPU-s under a quota of 1).
+interpreter first imports the ``__main__`` script again and then its own modules, and the
+pools started by the first reads beside a busy ingest took that at full priority, outside
+the quota (measured: a 10 s dashboard arm's pool processes used 1.56 CPU-s under a quota of
+1, when that import was the whole server's, 0.16-0.24 CPU-s a process; tiny.main now leaves
+it to main(), and a pool process starts in 0.03-0.05 CPU-s).
 
 The group is also made idle as a whole (``cpu.idle``, or the least ``cpu.shares`` /
 ``cpu.weight`` on kernels without it): the pool's own SCHED_IDLE ranks its processes only
