@@ -25,8 +25,10 @@ What it does, from the sample day (../shared/data/cran-logs/2014-05-04.csv.gz, r
    aggregates, the top whale's downloads and its detail chart: random day, random top 1-100),
    then pausing --think seconds; ``api``, --clients threads asking the downloads API and
    badges (random packages, periods and counts), same pauses; ``control`` (on request), the
-   same clients asking /healthz 9 times a visit: what any reader costs. Between rounds a few new rows
-   land in every day read, so the caches start stale. Arms interleave, their order reversed
+   same clients asking /healthz 9 times a visit: what any reader costs; ``again`` (on request), a
+   second arm without readers: its ratio to ``alone`` is what this design reads when nothing
+   differs (the machine's noise). Between rounds a few new rows land in every day read, so the
+   caches start stale. Arms interleave, their order reversed
    every other round; per round the loaded arm's figures are divided by the ``alone`` arm's of
    the same round and body; the report takes the median over rounds.
 
@@ -375,7 +377,7 @@ def pool_pids(server: Server) -> list[int]:
 def one_arm(server: Server, arm: str, body: Body, days: list[str], args: argparse.Namespace, seed: int) -> dict:
     out = RESULTS / "logs" / f"reads-{arm}-{body.name}.csv"
     command = ab_command(f"http://127.0.0.1:{server.port}/ingest", body, 8, True, 10_000_000, args.seconds, out)
-    load = None if arm == "alone" else ReadLoad(server.port, arm, days, args.clients, args.think, seed)
+    load = None if arm in ("alone", "again") else ReadLoad(server.port, arm, days, args.clients, args.think, seed)
     if load is not None:
         load.__enter__()
     before = cpu_seconds([server.pid])
@@ -446,7 +448,7 @@ def run_ingest(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for arm in args.arms:
             rps = [r["arms"][arm]["rps"] / r["arms"]["alone"]["rps"] for r in mine]
             p99 = [r["arms"][arm]["p99_ms"] / r["arms"]["alone"]["p99_ms"] for r in mine]
-            reads = [r["arms"][arm]["reads"] for r in mine]
+            reads = [r["arms"][arm].get("reads", {"answers_per_s": 0, "status": {}, "latency": {}}) for r in mine]
             statuses: dict[str, int] = defaultdict(int)
             for figures in reads:
                 for status, count in figures["status"].items():
@@ -495,7 +497,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--think", type=float, default=0.5, help="seconds a client pauses between visits")
     parser.add_argument("--dash-days", type=int, default=5, help="days the dashboard clients read (ingest)")
-    parser.add_argument("--arms", nargs="+", default=["dashboard", "api"], choices=("dashboard", "api", "control"))
+    arms = ("dashboard", "api", "control", "again")
+    parser.add_argument("--arms", nargs="+", default=["dashboard", "api"], choices=arms)
     parser.add_argument("--bodies", type=int, nargs="+", default=[100, 1600], help="records per ingest body")
     parser.add_argument("--analytics-cpu", type=float, default=None, help="the server's --analytics-cpu")
     args = parser.parse_args()
