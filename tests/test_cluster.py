@@ -96,7 +96,11 @@ class Cluster:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its session holds every process it starts: see stop()
         )
-        self.wait_serving(timeout)
+        try:
+            self.wait_serving(timeout)
+        except BaseException:
+            self.stop()  # a cluster that did not come up is not left running (its caller has no handle yet)
+            raise
         return self
 
     def wait_serving(self, timeout: float = 30.0) -> None:

@@ -55,9 +55,15 @@ def free_port() -> int:
 
 
 def free_port_block(count: int) -> int:
-    """A base port B (a multiple of 10) with B .. B+count-1 all free on 127.0.0.1."""
+    """A base port B (a multiple of 10) with B .. B+count-1 all free on 127.0.0.1, below the
+    kernel's range of ephemeral ports: a port in it may be taken, between this check and the
+    server's bind, as the local port of some outgoing connection (a proxy's to its upstream)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
     for _ in range(200):
-        base = random.randrange(20000, 60000, 10)
+        base = random.randrange(10000, max(10010, low - count), 10)
         try:
             for port in range(base, base + count):
                 with socket.socket() as sock:
