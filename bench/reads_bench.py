@@ -24,7 +24,9 @@ What it does, from the sample day (../shared/data/cran-logs/2014-05-04.csv.gz, r
    dashboard page as the browser does (days, summary, whales, hourly, the three charts from the
    aggregates, the top whale's downloads and its detail chart: random day, random top 1-100),
    then pausing --think seconds; ``api``, --clients threads asking the downloads API and
-   badges (random packages, periods and counts), same pauses; ``control`` (on request), the
+   badges (random packages, periods and counts), same pauses; ``api-past`` (on request), the same
+   API queries over periods that end before the day being written (no fold of new rows: which
+   share of the API's cost is the live day's); ``control`` (on request), the
    same clients asking /healthz 9 times a visit: what any reader costs; ``again`` (on request), a
    second arm without readers: its ratio to ``alone`` is what this design reads when nothing
    differs (the machine's noise). Between rounds a few new rows land in every day read, so the
@@ -337,13 +339,23 @@ class ReadLoad:
         self._get("top", f"/top/{period}/{rng.randint(1, 100)}")
         self._get("badge", f"/badges/{rng.choice(['last-day', 'last-week', 'last-month'])}/{rng.choice(PACKAGES)}")
 
+    def _api_past(self, rng: random.Random) -> None:
+        """As _api, with periods that end before the day being written: no live fold."""
+        packages = ",".join(rng.sample(PACKAGES, rng.randint(1, 5)))
+        period = rng.choice([self.days[-1], f"{self.days[-2]}:{self.days[-1]}", f"{self.days[0]}:{self.days[-1]}"])
+        self._get("downloads total", f"/downloads/total/{period}/{packages}")
+        self._get("downloads daily", f"/downloads/daily/{period}/{packages}")
+        self._get("top", f"/top/{period}/{rng.randint(1, 100)}")
+        self._get("top", f"/top/{self.days[-1]}/{rng.randint(1, 100)}")
+
     def _control(self, rng: random.Random) -> None:
         for _ in range(9):  # as many requests as a dashboard visit, each answered at once
             self._get("healthz", "/healthz")
 
     def _run(self, seed: int) -> None:
         rng = random.Random(seed)
-        visit = {"dashboard": self._dashboard, "api": self._api, "control": self._control}[self.kind]
+        visits = {"dashboard": self._dashboard, "api": self._api, "api-past": self._api_past, "control": self._control}
+        visit = visits[self.kind]
         try:
             while not self.stop.is_set():
                 visit(rng)
@@ -497,7 +509,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--think", type=float, default=0.5, help="seconds a client pauses between visits")
     parser.add_argument("--dash-days", type=int, default=5, help="days the dashboard clients read (ingest)")
-    arms = ("dashboard", "api", "control", "again")
+    arms = ("dashboard", "api", "api-past", "control", "again")
     parser.add_argument("--arms", nargs="+", default=["dashboard", "api"], choices=arms)
     parser.add_argument("--bodies", type=int, nargs="+", default=[100, 1600], help="records per ingest body")
     parser.add_argument("--analytics-cpu", type=float, default=None, help="the server's --analytics-cpu")
