@@ -332,21 +332,22 @@ class ReadLoad:
             self._get("chart detail (rows)", f"{base}/charts/detail.svg?ip_id={ip}")
 
     def _api(self, rng: random.Random) -> None:
-        packages = ",".join(rng.sample(PACKAGES, rng.randint(1, 5)))
-        period = rng.choice(["last-day", "last-week", "last-month", f"{self.days[0]}:{self.days[-1]}"])
-        self._get("downloads total", f"/downloads/total/{period}/{packages}")
-        self._get("downloads daily", f"/downloads/daily/{period}/{packages}")
-        self._get("top", f"/top/{period}/{rng.randint(1, 100)}")
+        self._downloads(rng, ["last-day", "last-week", "last-month", f"{self.days[0]}:{self.days[-1]}"])
         self._get("badge", f"/badges/{rng.choice(['last-day', 'last-week', 'last-month'])}/{rng.choice(PACKAGES)}")
 
     def _api_past(self, rng: random.Random) -> None:
-        """As _api, with periods that end before the day being written: no live fold."""
+        """As _api, with periods that end before the day being written: no live fold (a
+        fourth query of the same kind in place of the badge, whose periods all end today)."""
+        self._downloads(rng, [self.days[-1], f"{self.days[-2]}:{self.days[-1]}", f"{self.days[0]}:{self.days[-1]}"])
+        self._get("top", f"/top/{self.days[-1]}/{rng.randint(1, 100)}")
+
+    def _downloads(self, rng: random.Random, periods: list[str]) -> None:
+        """The downloads API's total, daily and top of one of ``periods``, random packages and count."""
         packages = ",".join(rng.sample(PACKAGES, rng.randint(1, 5)))
-        period = rng.choice([self.days[-1], f"{self.days[-2]}:{self.days[-1]}", f"{self.days[0]}:{self.days[-1]}"])
+        period = rng.choice(periods)
         self._get("downloads total", f"/downloads/total/{period}/{packages}")
         self._get("downloads daily", f"/downloads/daily/{period}/{packages}")
         self._get("top", f"/top/{period}/{rng.randint(1, 100)}")
-        self._get("top", f"/top/{self.days[-1]}/{rng.randint(1, 100)}")
 
     def _control(self, rng: random.Random) -> None:
         for _ in range(9):  # as many requests as a dashboard visit, each answered at once

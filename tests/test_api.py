@@ -647,6 +647,13 @@ def test_a_query_reading_a_second_days_rows_at_once_is_503_saying_so(tmp_path: P
     assert "a query reading another day's rows is running in this process (at most 1 at once" in error(responses[2])[1]
 
 
+_needs_cgroup_v1 = pytest.mark.skipif(
+    not os.access("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", os.W_OK)
+    or not Path("/proc/self/cgroup").read_text().count(":cpu:/\n"),
+    reason="needs a writable cgroup v1 cpu controller with this test in its root group (this machine kind has one)",
+)
+
+
 def _cpu_group_of(pid: int) -> str:
     """The cgroup v1 cpu group of ``pid`` ("/" for the root group)."""
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
@@ -656,11 +663,7 @@ def _cpu_group_of(pid: int) -> str:
     return "/"
 
 
-@pytest.mark.skipif(
-    not os.access("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", os.W_OK)
-    or not Path("/proc/self/cgroup").read_text().count(":cpu:/\n"),
-    reason="needs a writable cgroup v1 cpu controller with this test in its root group (this machine kind has one)",
-)
+@_needs_cgroup_v1
 def test_the_analytics_processes_of_all_workers_share_one_cpu_quota(tmp_path: Path) -> None:
     """One quota for the server's pools; within it the answers lane first, charts and row reads idle."""
     (tmp_path / "data").mkdir()
@@ -699,11 +702,7 @@ def test_a_pool_process_imports_none_of_the_servers_modules_with_the_main_script
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.skipif(
-    not os.access("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", os.W_OK)
-    or not Path("/proc/self/cgroup").read_text().count(":cpu:/\n"),
-    reason="needs a writable cgroup v1 cpu controller with this test in its root group (this machine kind has one)",
-)
+@_needs_cgroup_v1
 def test_a_pool_process_is_confined_before_its_interpreter_has_started() -> None:
     """Its start-up (re-importing the worker's modules, ~0.2 CPU-s) runs within the quota, at SCHED_IDLE."""
     group = Path("/sys/fs/cgroup/cpu") / f"tiny-test-confine-{os.getpid()}"
@@ -725,11 +724,7 @@ def test_a_pool_process_is_confined_before_its_interpreter_has_started() -> None
                 path.rmdir()
 
 
-@pytest.mark.skipif(
-    not os.access("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", os.W_OK)
-    or not Path("/proc/self/cgroup").read_text().count(":cpu:/\n"),
-    reason="needs a writable cgroup v1 cpu controller with this test in its root group (this machine kind has one)",
-)
+@_needs_cgroup_v1
 def test_a_killed_servers_cpu_group_is_removed_by_the_next_start(tmp_path: Path) -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that is no process now
