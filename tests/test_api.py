@@ -366,8 +366,10 @@ def test_quoted_na_is_a_string_and_bare_na_is_missing(server: Server, day: str, 
 
 
 def test_ingest_does_not_wait_for_analytics(server: Server) -> None:
-    """Eight uncached charts queue in the pool (seconds of work); /ingest answers meanwhile."""
-    paths = [f"/api/days/{DAY}/charts/hourly.svg?top={top}" for top in range(40, 48)]
+    """Four uncached detail charts (the rows read, matplotlib) queue in the pool (seconds of
+    work); /ingest answers meanwhile."""
+    whales = ok(server, f"/api/days/{DAY}/whales?top=30")["whales"][26:30]  # charts no other test drew
+    paths = [f"/api/days/{DAY}/charts/detail.svg?ip_id={whale['ip_id']}" for whale in whales]
     latencies: list[float] = []
     with ThreadPoolExecutor(len(paths)) as pool:
         started = time.monotonic()
@@ -400,15 +402,15 @@ def _pool_processes(server: Server) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("path", [f"/api/days/{DAY}/whales?top=2", f"/api/days/{DAY}/charts/whales.svg?top=2"])
+@pytest.mark.parametrize("path", [f"/api/days/{DAY}/whales?top=2", f"/api/days/{DAY}/whales/1/downloads?limit=2"])
 def test_a_killed_pool_process_is_replaced(server: Server, path: str) -> None:
     """kill -9 of the analytics processes (both lanes): at worst a 503 + Retry-After, never a
     500; then answers again."""
-    # Both pools up: an answer, and a chart not drawn before (a pool killed by an earlier case
-    # is replaced on its first use after: that one is a 503).
+    # Both pools up: an answer, and a row query not made before (a pool killed by an earlier
+    # case is replaced on its first use after: that one is a 503).
     for top in range(60, 100):
         get(server, f"/api/days/{DAY}/summary?top={top}")
-        get(server, f"/api/days/{DAY}/charts/traffic.svg?top={top}")
+        get(server, f"/api/days/{DAY}/whales/1/downloads?limit={top}")
         if len(_pool_processes(server)) == 2:
             break
     killed = _pool_processes(server)
@@ -665,13 +667,14 @@ def _cpu_group_of(pid: int) -> str:
 
 @_needs_cgroup_v1
 def test_the_analytics_processes_of_all_workers_share_one_cpu_quota(tmp_path: Path) -> None:
-    """One quota for the server's pools; within it the answers lane first, charts and row reads idle."""
+    """One quota for the server's pools; within it the answers lane first, row reads idle."""
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / f"{DAY}.csv").write_bytes(sample_csv())
     with Server(tmp_path / "data", "--analytics-cpu", "0.3", processes=2) as running:
         for _ in range(8):  # both workers start both lanes
             ok(running, f"/api/days/{DAY}/summary?top={random.randint(1, 100)}")
             assert get(running, f"/api/days/{DAY}/charts/traffic.svg?top={random.randint(1, 100)}").status == 200
+            assert get(running, f"/api/days/{DAY}/whales/1/downloads?limit={random.randint(1, 100)}").status == 200
         pools = _pool_processes(running)
         groups = {_cpu_group_of(pid) for pid in pools}
         workers = {_cpu_group_of(pid) for pid in running.worker_pids()}
@@ -684,7 +687,7 @@ def test_the_analytics_processes_of_all_workers_share_one_cpu_quota(tmp_path: Pa
     assert len(pools) == 4  # 2 workers x 2 lanes
     assert policies == {os.SCHED_IDLE}
     assert parent.startswith("/tiny-analytics-") and quota == 30_000
-    assert idle == {"answers": "0", "drawing": "1"}
+    assert idle == {"answers": "0", "rows": "1"}
     assert workers == {"/"}  # the workers that serve /ingest are not limited
     assert not (root / parent.lstrip("/")).exists()  # removed when the server stopped
 
@@ -729,13 +732,14 @@ def test_a_killed_servers_cpu_group_is_removed_by_the_next_start(tmp_path: Path)
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that is no process now
     stale = Path("/sys/fs/cgroup/cpu") / f"tiny-analytics-{gone.pid}"
-    for lane in ("answers", "drawing"):
+    lanes = ("answers", "rows", "drawing")  # "drawing": the lane's name before this version
+    for lane in lanes:
         (stale / lane).mkdir(parents=True)
     try:
         with Server(tmp_path / "data"):
             assert not stale.exists()
     finally:
-        for path in (stale / "answers", stale / "drawing", stale):
+        for path in (*(stale / lane for lane in lanes), stale):
             with contextlib.suppress(OSError):
                 path.rmdir()
 

@@ -153,7 +153,7 @@ class Live:
     async def answer(self, query: tuple[Any, ...], needed: list[str] | None, slow: bool = False) -> Answer:
         """The answer to ``query`` (see fold_job), reading the days ``needed`` (None: all; a
         day of their span without a file is forgotten by the store); ``slow``: a query that
-        may read many bytes, in the pool's DRAWING lane, where it holds no answer up."""
+        may read many bytes, in the pool's ROWS lane, where it holds no answer up."""
         version = self.version()
         existing = self.days(version)
         if needed is None:

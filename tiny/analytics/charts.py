@@ -1,18 +1,21 @@
-"""The dashboard's charts: matplotlib figures drawn as SVG, in an analytics pool process.
+"""The dashboard's charts as SVG: the views drawn from a day's aggregate, and one ip_id's downloads.
 
 :func:`render` draws the ``traffic``, ``whales`` and ``hourly`` views from a day's aggregate
-(tiny.analytics.store, small data: 24 hours and N whales); :func:`detail_job` draws one
-ip_id's downloads from the rows (tiny.analytics.compute, polars), the one view that reads
-them. Element ids (``gid``) name what the tests count.
+(tiny.analytics.store, small data: 24 hours and N whales), written directly as SVG
+(tiny.analytics.svg, about a millisecond each). :func:`detail_job` draws one ip_id's
+downloads from the rows (tiny.analytics.compute, polars) with matplotlib, the one view that
+reads them (thousands of points, one rasterized image). Element ids name what the tests count.
 """
 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tiny.analytics.compute import HOURS, DayFile, frame_of
 from tiny.analytics.names import whale_name
+from tiny.analytics.svg import INK, SPINE, Canvas, text_width, ticks
 
 if TYPE_CHECKING:  # imported in the pool process only: workers never load matplotlib
     import polars as pl
@@ -25,7 +28,6 @@ _DETAIL_PACKAGES = 30  # packages named on the detail chart's y axis; the rest a
 
 _WHALE_COLOR = "#e4572e"
 _OTHER_COLOR = "#9cc3e6"
-_INK = "#333333"
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -40,12 +42,12 @@ def _figure(width: float, height: float) -> Figure:
             "text.usetex": False,
             "svg.hashsalt": "tiny",  # deterministic element ids
             "font.size": 10,
-            "axes.edgecolor": "#999999",
-            "axes.labelcolor": _INK,
+            "axes.edgecolor": SPINE,
+            "axes.labelcolor": INK,
             "axes.spines.top": False,
             "axes.spines.right": False,
-            "xtick.color": _INK,
-            "ytick.color": _INK,
+            "xtick.color": INK,
+            "ytick.color": INK,
         }
     )
     from matplotlib.figure import Figure
@@ -68,47 +70,137 @@ def _label(whale: dict[str, Any]) -> str:
     return f"{whale['name']} ({_short(whale['country'] or '??', 12)})"
 
 
-def _hour_axis(axes: Axes) -> None:
-    axes.set_xlim(-0.6, HOURS - 0.4)
-    axes.set_xticks(range(0, HOURS, 3))
+# The views drawn from aggregates are written as SVG directly (tiny.analytics.svg): small data,
+# about a millisecond each, where matplotlib took 0.1-1 s of CPU a chart. They keep
+# matplotlib's figure sizes (points: 72 to the inch), colours and element ids.
+_PT = 72
+_TITLE = 12  # points: a title's font size (matplotlib's "large")
+_TICK = 3.5  # points: a tick mark's length
+
+
+@dataclass(frozen=True)
+class _Box:
+    """A plot area on the canvas, in points."""
+
+    left: float
+    top: float
+    width: float
+    height: float
+
+    @property
+    def bottom(self) -> float:
+        return self.top + self.height
+
+    def hour(self, h: float) -> float:
+        """x of hour ``h``'s middle: 24 hours from -0.6 to 23.6, as matplotlib's limits were."""
+        return self.left + (h + 0.6) / (HOURS + 0.2) * self.width
+
+    def up(self, value: float, top: float) -> float:
+        """y of ``value`` on a count axis from 0 (bottom) to ``top``."""
+        return self.bottom - value / top * self.height
+
+
+def _count_labels(scale: list[int]) -> list[str]:
+    return [f"{tick:,}" for tick in scale]
+
+
+def _y_counts(canvas: Canvas, box: _Box, scale: list[int], labels: bool = True, size: float = 10) -> None:
+    """The left spine with the count ticks of ``scale`` (their labels unless ``labels`` is off)."""
+    canvas.line(box.left, box.top, box.left, box.bottom)
+    for tick, label in zip(scale, _count_labels(scale), strict=True):
+        y = box.up(tick, scale[-1])
+        canvas.line(box.left - _TICK, y, box.left, y)
+        if labels:
+            canvas.text(box.left - _TICK - 2, y, label, size, anchor="end", middle=True)
+
+
+def _x_hours(canvas: Canvas, box: _Box, labels: bool = True, size: float = 10) -> None:
+    """The bottom spine with hour ticks every 3 hours (their labels unless ``labels`` is off)."""
+    canvas.line(box.left, box.bottom, box.left + box.width, box.bottom)
+    for h in range(0, HOURS, 3):
+        x = box.hour(h)
+        canvas.line(x, box.bottom, x, box.bottom + _TICK)
+        if labels:
+            canvas.text(x, box.bottom + _TICK + size, str(h), size, anchor="middle")
+
+
+def _title(canvas: Canvas, x: float, text: str) -> None:
+    canvas.text(x, 6 + _TITLE, text, _TITLE)
 
 
 def render_traffic(date: str, aggregate: dict[str, Any], whales: list[dict[str, Any]]) -> bytes:
     """Downloads per hour, stacked: the top whales below, everyone else above."""
-    hours = range(HOURS)
-    whale_counts = [sum(w["hourly"][h] for w in whales) for h in hours]
-    others = [aggregate["hourly"][h] - whale_counts[h] for h in hours]
-    figure = _figure(9.0, 4.2)
-    axes = figure.add_subplot()
-    bottom = axes.bar(hours, whale_counts, color=_WHALE_COLOR, label=f"top {len(whales)} whales")
-    top = axes.bar(hours, others, bottom=whale_counts, color=_OTHER_COLOR, label="everyone else")
-    for h in hours:
-        bottom.patches[h].set_gid(f"traffic-whales-{h}")
-        top.patches[h].set_gid(f"traffic-others-{h}")
-    _hour_axis(axes)
+    whale_counts = [sum(w["hourly"][h] for w in whales) for h in range(HOURS)]
+    others = [max(aggregate["hourly"][h] - whale_counts[h], 0) for h in range(HOURS)]
+    scale = ticks(max(w + o for w, o in zip(whale_counts, others, strict=True)) * 1.05)
+    canvas = Canvas(9.0 * _PT, 4.2 * _PT)
+    left = 30 + max(text_width(label, 10) for label in _count_labels(scale))
+    box = _Box(left, 34, canvas.width - left - 12, canvas.height - 34 - 40)
     share = sum(whale_counts) / max(aggregate["downloads"], 1)
-    axes.set_title(f"All traffic by hour (UTC), {date}: top {len(whales)} whales made {share:.0%}", loc="left")
-    axes.set_xlabel("hour of day (UTC)")
-    axes.set_ylabel("downloads")
-    axes.legend(frameon=False, loc="upper left", ncols=2)
-    return _svg(figure)
+    _title(canvas, box.left, f"All traffic by hour (UTC), {date}: top {len(whales)} whales made {share:.0%}")
+    half = 0.8 / (HOURS + 0.2) * box.width / 2  # half a bar: 0.8 of an hour wide
+    for h in range(HOURS):
+        x, base, stacked = (
+            box.hour(h) - half,
+            box.up(whale_counts[h], scale[-1]),
+            box.up(whale_counts[h] + others[h], scale[-1]),
+        )
+        canvas.rect(
+            x,
+            base,
+            2 * half,
+            box.bottom - base,
+            _WHALE_COLOR,
+            f"traffic-whales-{h}",
+            f"{h:02d}h: {whale_counts[h]:,} by the whales",
+        )
+        canvas.rect(
+            x,
+            stacked,
+            2 * half,
+            base - stacked,
+            _OTHER_COLOR,
+            f"traffic-others-{h}",
+            f"{h:02d}h: {others[h]:,} by everyone else",
+        )
+    _y_counts(canvas, box, scale)
+    _x_hours(canvas, box)
+    canvas.text(box.left + box.width / 2, canvas.height - 8, "hour of day (UTC)", anchor="middle")
+    canvas.text(14, box.top + box.height / 2, "downloads", anchor="middle", rotate=True)
+    x = box.left + 8
+    for color, label in ((_WHALE_COLOR, f"top {len(whales)} whales"), (_OTHER_COLOR, "everyone else")):
+        canvas.rect(x, box.top + 4, 14, 7, color)
+        canvas.text(x + 20, box.top + 11, label)
+        x += 20 + text_width(label, 10) + 16
+    return canvas.svg()
 
 
 def render_whales(date: str, whales: list[dict[str, Any]]) -> bytes:
     """Horizontal bars: downloads per whale, the biggest on top."""
-    figure = _figure(6.0, 1.0 + 0.3 * max(len(whales), 3))
-    axes = figure.add_subplot()
+    canvas = Canvas(6.0 * _PT, (1.0 + 0.3 * max(len(whales), 3)) * _PT)
     labels = [_label(w) for w in whales]
-    bars = axes.barh(range(len(whales)), [w["downloads"] for w in whales], color=_WHALE_COLOR)
-    for i, bar in enumerate(bars.patches):
-        bar.set_gid(f"whale-bar-{i}")
-    axes.bar_label(bars, labels=[f"{w['downloads']:,}" for w in whales], padding=3, fontsize=8, color=_INK)
-    axes.set_yticks(range(len(whales)), labels)
-    axes.invert_yaxis()
-    axes.set_xlabel("downloads")
-    axes.set_title(f"Biggest whales, {date}", loc="left")
-    axes.margins(x=0.12)
-    return _svg(figure)
+    values = [f"{w['downloads']:,}" for w in whales]
+    scale = ticks(max((w["downloads"] for w in whales), default=0) * 1.12)  # room for the value labels
+    left = 10 + max((text_width(label, 10) for label in labels), default=0)
+    box = _Box(left, 30, max(canvas.width - left - 16, 60.0), canvas.height - 30 - 36)
+    _title(canvas, min(box.left, 10.0), f"Biggest whales, {date}")
+    row = box.height / max(len(whales), 1)
+    for i, whale in enumerate(whales):
+        y = box.top + i * row
+        width = whale["downloads"] / scale[-1] * box.width
+        canvas.rect(
+            box.left, y + 0.1 * row, width, 0.8 * row, _WHALE_COLOR, f"whale-bar-{i}", f"{labels[i]}: {values[i]}"
+        )
+        canvas.text(box.left - _TICK - 2, y + row / 2, labels[i], anchor="end", middle=True)
+        canvas.text(box.left + width + 3, y + row / 2, values[i], 8, middle=True)
+    canvas.line(box.left, box.top, box.left, box.bottom)
+    canvas.line(box.left, box.bottom, box.left + box.width, box.bottom)
+    for tick, label in zip(scale, _count_labels(scale), strict=True):
+        x = box.left + tick / scale[-1] * box.width
+        canvas.line(x, box.bottom, x, box.bottom + _TICK)
+        canvas.text(x, box.bottom + _TICK + 10, label, anchor="middle")
+    canvas.text(box.left + box.width / 2, canvas.height - 6, "downloads", anchor="middle")
+    return canvas.svg()
 
 
 def render_hourly(date: str, whales: list[dict[str, Any]]) -> bytes:
@@ -117,31 +209,87 @@ def render_hourly(date: str, whales: list[dict[str, Any]]) -> bytes:
         return _render_heatmap(date, whales)
     columns = 3 if len(whales) <= 9 else 4
     rows = max(1, -(-len(whales) // columns))
-    figure = _figure(13.0, 0.5 + 1.6 * rows)
-    grid = figure.subplots(rows, columns, sharex=True, sharey=True, squeeze=False)
-    for i, axes in enumerate(grid.flat):
-        if i >= len(whales):
-            axes.set_visible(False)
-            continue
-        axes.set_gid(f"whale-panel-{i}")
-        axes.bar(range(HOURS), whales[i]["hourly"], color=_WHALE_COLOR, width=0.85)
-        axes.set_title(_label(whales[i]), fontsize=9, loc="left")
-        _hour_axis(axes)
-    figure.suptitle(f"Whales by hour (UTC), {date}", x=0.01, ha="left")
-    return _svg(figure)
+    canvas = Canvas(13.0 * _PT, (0.5 + 1.6 * rows) * _PT)
+    scale = ticks(max((max(w["hourly"]) for w in whales), default=0) * 1.05, 3)  # one y axis for all
+    gutter = 12 + max(text_width(label, 8) for label in _count_labels(scale))
+    cell_width, cell_height = (canvas.width - 10) / columns, (canvas.height - 28) / rows
+    canvas.text(10, 6 + _TITLE, f"Whales by hour (UTC), {date}", _TITLE)
+    half = 0.85 / (HOURS + 0.2) / 2
+    for i, whale in enumerate(whales):
+        row, column = divmod(i, columns)
+        box = _Box(
+            10 + column * cell_width + gutter,
+            28 + row * cell_height + 16,
+            cell_width - gutter - 8,
+            cell_height - 16 - 22,
+        )
+        below = i + columns < len(whales)  # another panel under this one: its hours say it
+        with canvas.group(f"whale-panel-{i}"):
+            canvas.text(box.left, box.top - 5, _label(whale), 9)
+            for h, count in enumerate(whale["hourly"]):
+                y = box.up(count, scale[-1])
+                canvas.rect(
+                    box.hour(h) - half * box.width,
+                    y,
+                    2 * half * box.width,
+                    box.bottom - y,
+                    _WHALE_COLOR,
+                    tip=f"{h:02d}h: {count:,}",
+                )
+            _y_counts(canvas, box, scale, labels=column == 0, size=8)
+            _x_hours(canvas, box, labels=not below, size=8)
+    return canvas.svg()
+
+
+# matplotlib's "Oranges" (ColorBrewer's 9-class sequential scheme), light to dark
+_ORANGES = ("#fff5eb", "#fee6ce", "#fdd0a2", "#fdae6b", "#fd8d3c", "#f16913", "#d94801", "#a63603", "#7f2704")
+
+
+def _blend(fraction: float) -> str:
+    """The colour at ``fraction`` (0..1) along the Oranges scale, interpolated between its classes."""
+    position = fraction * (len(_ORANGES) - 1)
+    low = min(int(position), len(_ORANGES) - 2)
+    a, b = _ORANGES[low], _ORANGES[low + 1]
+    mix = position - low
+    channels = (round(int(a[k : k + 2], 16) * (1 - mix) + int(b[k : k + 2], 16) * mix) for k in (1, 3, 5))
+    return "#" + "".join(f"{c:02x}" for c in channels)
+
+
+_PALETTE = [_blend(n / 255) for n in range(256)]  # a heatmap's cell is a lookup, not a blend
+
+
+def _orange(fraction: float) -> str:
+    """The colour at ``fraction`` (0..1, clipped) along the Oranges scale, in 256 steps."""
+    return _PALETTE[round(min(max(fraction, 0.0), 1.0) * 255)]
 
 
 def _render_heatmap(date: str, whales: list[dict[str, Any]]) -> bytes:
-    figure = _figure(13.0, 1.0 + 0.2 * len(whales))
-    axes = figure.add_subplot()
-    image = axes.imshow([w["hourly"] for w in whales], aspect="auto", cmap="Oranges", interpolation="nearest")
-    image.set_gid("whale-heatmap")
-    axes.set_yticks(range(len(whales)), [_label(w) for w in whales], fontsize=7)
-    axes.set_xticks(range(0, HOURS, 3))
-    axes.set_xlabel("hour of day (UTC)")
-    axes.set_title(f"Whales by hour (UTC), {date}", loc="left")
-    figure.colorbar(image, ax=axes, label="downloads")
-    return _svg(figure)
+    canvas = Canvas(13.0 * _PT, (1.0 + 0.2 * len(whales)) * _PT)
+    labels = [_label(w) for w in whales]
+    top = max(max(w["hourly"]) for w in whales) or 1
+    scale = [tick for tick in ticks(top) if tick <= top]
+    left = 10 + max(text_width(label, 7) for label in labels)
+    box = _Box(left, 30, canvas.width - left - 90, canvas.height - 30 - 36)
+    _title(canvas, box.left, f"Whales by hour (UTC), {date}")
+    cell, row = box.width / HOURS, box.height / len(whales)
+    pixels = [[_orange(count / top) for count in whale["hourly"]] for whale in whales]
+    canvas.image(box.left, box.top, box.width, box.height, pixels, "whale-heatmap")
+    for i, label in enumerate(labels):
+        canvas.text(box.left - _TICK - 2, box.top + (i + 0.5) * row, label, 7, anchor="end", middle=True)
+    for h in range(0, HOURS, 3):
+        x = box.left + (h + 0.5) * cell
+        canvas.line(x, box.bottom, x, box.bottom + _TICK)
+        canvas.text(x, box.bottom + _TICK + 10, str(h), anchor="middle")
+    canvas.text(box.left + box.width / 2, canvas.height - 6, "hour of day (UTC)", anchor="middle")
+    bar = _Box(box.left + box.width + 16, box.top, 12, box.height)  # the colour bar: 0 at the bottom
+    canvas.gradient("whale-heatmap-scale", list(_ORANGES))
+    canvas.rect(bar.left, bar.top, bar.width, bar.height, "url(#whale-heatmap-scale)")
+    for tick in scale:
+        y = bar.up(tick, top)
+        canvas.line(bar.left + bar.width, y, bar.left + bar.width + _TICK, y)
+        canvas.text(bar.left + bar.width + _TICK + 2, y, f"{tick:,}", 8, middle=True)
+    canvas.text(canvas.width - 8, bar.top + bar.height / 2, "downloads", anchor="middle", rotate=True)
+    return canvas.svg()
 
 
 def _clock(start: int) -> pl.Expr:

@@ -42,7 +42,7 @@ log = logging.getLogger("tiny.analytics")
 
 PERIOD_US = 100_000
 PREFIX = "tiny-analytics-"  # a server's group: PREFIX and its main process's pid
-LANES = ("answers", "drawing")  # tiny.analytics.service's lanes, the second idle within the group
+LANES = ("answers", "rows")  # tiny.analytics.service's lanes, the second idle within the group
 _ROOT = Path("/sys/fs/cgroup")
 _LEAST_WEIGHT = {"v2": ("cpu.weight", "1"), "v1": ("cpu.shares", "2")}  # a group's lowest share of its parent
 
@@ -104,9 +104,9 @@ def prepare(cpus: float, name: str) -> Path | None:
                 (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
                 (group / "cpu.cfs_quota_us").write_text(str(quota))
             if _make_idle(group, version):
-                idle = "the group idle (cpu.idle 1), the charts and row reads idle within it"
+                idle = "the group idle (cpu.idle 1), the row reads idle within it"
             else:
-                idle = "the group at the least weight, the charts and row reads least within it"
+                idle = "the group at the least weight, the row reads least within it"
             _make_lanes(group, version)
         except OSError as exc:
             log.warning("no analytics CPU quota in %s (%s)", group, exc)
@@ -144,7 +144,7 @@ def _make_idle(group: Path, version: str) -> bool:
 
 def _make_lanes(group: Path, version: str) -> None:
     """One child group per lane of the pool (tiny.analytics.service): within the quota, the
-    answers from the aggregates (milliseconds) run before the charts and row reads (seconds),
+    answers from the aggregates and their charts (milliseconds) run before the row reads (seconds),
     which only take what the answers leave; a lane that used the quota up would otherwise
     make the other wait for the next period."""
     if version == "v2":
@@ -203,10 +203,15 @@ class ConfinedContext(SpawnContext):
 
 def remove(group: Path | None) -> None:
     """Delete ``group`` and its lanes once their processes are gone (they exit with their
-    workers: waited for up to a second; best effort)."""
+    workers: waited for up to a second; best effort). Every child group goes, not only
+    today's LANES: a group left by an older version had other lane names."""
     if group is None:
         return
-    for path in [group / lane for lane in LANES] + [group]:
+    try:
+        children = [path for path in group.iterdir() if path.is_dir()]
+    except OSError:
+        children = []
+    for path in [*children, group]:
         for _ in range(20):
             try:
                 path.rmdir()

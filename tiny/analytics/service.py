@@ -3,9 +3,10 @@
 Every analytics computation runs in a ``ProcessPoolExecutor`` of ``--analytics-processes``
 processes started with "spawn" (nothing of the worker's event loop, sockets or locks is
 inherited), created on first use, one pool per lane: ANSWERS, the answers from the live
-aggregates (tiny.live, through :meth:`Analytics.call`: milliseconds), and DRAWING, the charts
-and the queries that read a day's rows with polars (one ip_id's downloads, the ``detail``
-chart: the methods here; seconds), so that the first never wait behind the second. The worker only stats files and
+aggregates (tiny.live, through :meth:`Analytics.call`: milliseconds) and the charts drawn from
+them (a millisecond), and ROWS, the queries that read a day's rows with polars (one ip_id's
+downloads, the ``detail`` chart: the methods here; seconds), so that the first never wait
+behind the second. The worker only stats files and
 awaits small results (JSON or SVG bytes), so a query never blocks the event loop that serves
 ``/ingest``.
 
@@ -51,8 +52,8 @@ log = logging.getLogger("tiny.analytics")
 
 _STOP_SECONDS = 2.0  # how long close() waits for the pool processes to exit
 # The lanes: each its own pool, so that an answer from the aggregates (milliseconds) never
-# waits behind a chart being drawn or a day's rows being read (seconds, within the quota).
-ANSWERS, DRAWING = cpu.LANES
+# waits behind a day's rows being read or a whale's detail drawn (seconds, within the quota).
+ANSWERS, ROWS = cpu.LANES
 _MISSING = object()
 
 
@@ -217,9 +218,9 @@ class Analytics:
 
     async def draw(self, view: str, date: str, aggregate: bytes) -> bytes:
         """The SVG of a view drawn from a day's aggregate (the JSON of
-        tiny.analytics.store.day_aggregate), in the DRAWING lane; kept per (view, date,
-        aggregate) in the LRU of the row queries."""
-        self.need("matplotlib")
+        tiny.analytics.store.day_aggregate), in the ANSWERS lane (about a millisecond: written
+        as SVG directly, no matplotlib); kept per (view, date, aggregate) in the LRU of the row
+        queries."""
         drawn = DayFile(date, f"chart:{date}:{view}", len(aggregate), zlib.crc32(aggregate))  # "version": the data
         found = self._cache.get(drawn, ("draw",))
         if found is not _MISSING:
@@ -227,14 +228,14 @@ class Analytics:
         key = ("draw", view, date, drawn.version)
         store = functools.partial(self._cache.put, drawn, ("draw",))
         svg = await self._run(
-            key, lambda result: store(result, _size(result)), charts.draw_job, view, date, aggregate, lane=DRAWING
+            key, lambda result: store(result, _size(result)), charts.draw_job, view, date, aggregate, lane=ANSWERS
         )
         return bytes(svg)
 
     async def call(self, key: tuple[Any, ...], func: Callable[..., Any], *args: Any, slow: bool = False) -> Any:
-        """``func(*args)`` in the ANSWERS lane, or DRAWING when ``slow`` (once for all
+        """``func(*args)`` in the ANSWERS lane, or ROWS when ``slow`` (once for all
         concurrent callers with the same ``key``): the answers from the aggregates (tiny.live)."""
-        return await self._run(key, lambda result: None, func, *args, lane=DRAWING if slow else ANSWERS)
+        return await self._run(key, lambda result: None, func, *args, lane=ROWS if slow else ANSWERS)
 
     def close(self) -> None:
         """Stop the pool, if it started: queued work is cancelled, running work is killed.
@@ -301,7 +302,7 @@ class Analytics:
             self._reading_rows[key] = reading  # until the computation settles (see _settle)
         try:
             store = functools.partial(self._cache.put, day, query)
-            return await self._run(key, lambda result: store(result, _size(result)), func, *args, lane=DRAWING)
+            return await self._run(key, lambda result: store(result, _size(result)), func, *args, lane=ROWS)
         except Busy:
             if key not in self._pending:
                 self._reading_rows.pop(key, None)

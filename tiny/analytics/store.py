@@ -6,9 +6,8 @@ day's few aggregate rows through an index: the top N whales are an index range o
 ``ips_by_downloads``, their hours and countries N small lookups. The results have the shape
 tiny.analytics.compute.aggregate_frame gives from the rows (the tests hold both to the same
 independent count). The ``traffic``, ``whales`` and ``hourly`` charts are drawn from
-:func:`day_aggregate`'s result in the other lane of the pool (tiny.analytics.charts.draw_job),
-which never touches the store: a chart being drawn, slowly and at idle priority, never holds
-the store's write lock that an answer waits for.
+:func:`day_aggregate`'s result (tiny.analytics.charts.draw_job, a job of its own that never
+touches the store: a chart being drawn never holds the store's write lock).
 """
 
 from __future__ import annotations

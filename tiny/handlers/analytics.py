@@ -2,8 +2,8 @@
 
 The days, summaries, whales and the ``traffic``, ``whales`` and ``hourly`` charts are
 answered from the live aggregate store (tiny.live, tiny.analytics.store: an index read of a
-day's aggregates, the charts drawn from them and kept per version); one ip_id's downloads
-and the ``detail`` chart read the day's rows with polars (tiny.analytics.service, bounded
+day's aggregates, the charts written as SVG from them and kept per version); one ip_id's downloads
+and the ``detail`` chart read the day's rows with polars (and draw with matplotlib) (tiny.analytics.service, bounded
 in CPU and concurrency). Both run in the worker's analytics pool: these requests never hold
 up ``/ingest`` on the same event loop. Like every answer from the aggregates, an answer
 given after a POST's 200 counts that POST's rows.
@@ -14,8 +14,8 @@ sends it.
 
 Errors use the JSON shape of tiny.handlers.base: 400 bad date / ``top`` / ``limit`` /
 ``ip_id``, 401 token, 404 no such day (or ip_id on that day, or chart), 405 other methods,
-501 when matplotlib (charts) or polars (the row queries) is not installed (the ingest-only
-image, where the JSON answers from the aggregates still work), 503 + Retry-After when too
+501 when polars or matplotlib (the row queries, the ``detail`` chart) is not installed (the
+ingest-only image, where the answers and charts from the aggregates still work), 503 + Retry-After when too
 many analytics queries are queued, a query that reads rows is already running in this
 process, the data dir's lock or the store is busy, the analytics process died (it is
 restarted on the next query) or the server is shutting down.
@@ -211,10 +211,11 @@ class DownloadsHandler(AnalyticsHandler):
 class ChartHandler(AnalyticsHandler):
     """``GET /api/days/<date>/charts/<view>.svg?top=N[&ip_id=I]``: 200 ``image/svg+xml``.
 
-    Views (drawn by matplotlib in the pool): ``traffic`` all traffic by hour vs the top N
+    Views (drawn in the pool): ``traffic`` all traffic by hour vs the top N
     whales; ``whales`` the top N as bars; ``hourly`` each whale by hour (small multiples, a
     heatmap past 12); ``detail`` one ip_id's downloads, time x package (I defaults to the
-    biggest whale). 400 bad date, N or I; 404 no such day, view, or downloads of I.
+    biggest whale; read from the rows, matplotlib). 400 bad date, N or I; 404 no such day, view,
+    or downloads of I.
     """
 
     name = "chart"
@@ -226,7 +227,6 @@ class ChartHandler(AnalyticsHandler):
         text = self.get_query_argument("ip_id", None)
         ip_id = self.ip_id(text) if text is not None else None
         if view in charts.FROM_AGGREGATES:
-            self.need("matplotlib")
             aggregate = await self.aggregated(("aggregate", day, top), day)
             svg = await self.answer(self.deps.analytics.draw(view, day, aggregate))
         else:  # detail: one ip_id's downloads, from the rows
