@@ -2,8 +2,8 @@
 #
 #   docker build --target ingest -t tiny:ingest .         # /ingest, /healthz, /metrics (tornado, orjson,
 #                                                         # prometheus-client, tiny + its compiled codec)
-#   docker build --target analytics -t tiny:analytics .   # the same + polars and matplotlib for the
-#                                                         # dashboard and /api (the default target)
+#   docker build --target analytics -t tiny:analytics .   # the same + polars for the dashboard's
+#                                                         # row queries (the default target)
 #   docker compose up --scale tiny=4                      # with nginx in front (docker-compose.yml)
 #   make images-offline                                   # with no registry (docker/build-offline.sh)
 #
@@ -66,8 +66,7 @@ ENV PATH=/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     TINY_ADDRESS=0.0.0.0 \
     TINY_PORT=8000 \
-    TINY_DATA_DIR=/data \
-    MPLCONFIGDIR=/tmp/matplotlib
+    TINY_DATA_DIR=/data
 WORKDIR /app
 VOLUME /data
 EXPOSE 8000
@@ -81,7 +80,8 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
 ENTRYPOINT ["/app/entrypoint.sh"]
 CMD ["tiny-data-server"]
 
-# The ingest server alone: /api and the dashboard need polars and matplotlib (analytics).
+# The ingest server alone: the dashboard's row queries (one whale's downloads and detail chart)
+# need polars (analytics); everything else works here.
 FROM runtime AS ingest
 COPY --from=builder /venv /venv
 

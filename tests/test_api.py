@@ -366,7 +366,7 @@ def test_quoted_na_is_a_string_and_bare_na_is_missing(server: Server, day: str, 
 
 
 def test_ingest_does_not_wait_for_analytics(server: Server) -> None:
-    """Four uncached detail charts (the rows read, matplotlib) queue in the pool (seconds of
+    """Four uncached detail charts (the rows read) queue in the pool (seconds of
     work); /ingest answers meanwhile."""
     whales = ok(server, f"/api/days/{DAY}/whales?top=30")["whales"][26:30]  # charts no other test drew
     paths = [f"/api/days/{DAY}/charts/detail.svg?ip_id={whale['ip_id']}" for whale in whales]

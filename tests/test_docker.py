@@ -140,7 +140,7 @@ def _image_size(tag: str) -> int:
 def test_the_ingest_image_is_at_most_200_mb_and_serves_with_the_compiled_codec(
     images: dict[str, float], tmp_path: Path, figures: dict[str, object]
 ) -> None:
-    """The slim target: no polars or matplotlib, the compiled codec built in the image; the
+    """The slim target: no polars, the compiled codec built in the image; the
     answers and charts from the aggregates work there, and what needs the libraries is a JSON 501."""
     ingest, analytics = "tiny-data-server-ingest:local", "tiny-data-server-analytics:local"
     figures.update(
@@ -177,7 +177,7 @@ def test_the_ingest_image_is_at_most_200_mb_and_serves_with_the_compiled_codec(
         status, _, body = http_get(port, "/api/days/2014-05-14/charts/traffic.svg")  # from the aggregates
         assert status == 200 and body.startswith(b"<?xml")
         status, _, body = http_get(port, "/api/days/2014-05-14/charts/detail.svg")  # from the rows
-        assert status == 501 and "matplotlib are not installed" in json.loads(body)["error"]["message"]
+        assert status == 501 and "polars is not installed" in json.loads(body)["error"]["message"]
         status, _, body = http_get(port, "/api/days/2014-05-14/whales/1/downloads")
         assert status == 501 and "polars is not installed" in json.loads(body)["error"]["message"]
     finally:

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from tiny.analytics import charts
-from tiny.analytics.svg import Canvas, escape, png, text_width, ticks
+from tiny.analytics.svg import Canvas, Marks, escape, png, text_width, ticks
 
 _SVG = "{http://www.w3.org/2000/svg}"
 
@@ -87,3 +87,24 @@ def test_every_view_of_up_to_100_whales_is_a_bounded_well_formed_svg(view: str, 
     svg = charts.render(view, "2014-05-04", _aggregate(top))
     ET.fromstring(svg)
     assert len(svg) < 64 * 1024  # a heatmap's cells are one embedded PNG, not 2,400 elements
+
+
+def test_marks_are_opaque_pixels_on_a_transparent_ground() -> None:
+    marks = Marks(6, 5)
+    marks.bar(2, 1, 3, thickness=2)
+    marks.bar(5, -10, 10, thickness=4)  # clipped to the raster
+    image = Image.open(io.BytesIO(marks.png("#e4572e"))).convert("RGBA")
+    opaque = {(x, y) for y in range(5) for x in range(6) if image.getpixel((x, y))[3] == 255}  # type: ignore[index]
+    assert opaque == {(x, y) for x in (2, 3) for y in (1, 2, 3)} | {(5, y) for y in range(5)}
+    assert image.getpixel((2, 1)) == (0xE4, 0x57, 0x2E, 255)
+    assert image.getpixel((0, 0))[3] == 0  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("first", "last"), [(0.0, 24.0), (1.78, 2.27), (12.40, 13.07), (5.0, 5.02), (23.9, 24.0)])
+def test_the_detail_charts_time_ticks_fall_on_round_clock_times(first: float, last: float) -> None:
+    found = charts._clock_ticks(first, last)
+    minutes = [round(tick * 60) for tick in found]
+    assert 1 <= len(found) <= 9 and all(first - 1e-9 <= tick <= last + 1e-9 for tick in found)
+    steps = {b - a for a, b in zip(minutes, minutes[1:], strict=False)}
+    assert len(steps) <= 1 and all(step in charts._CLOCK_STEPS for step in steps)
+    assert all(m % step == 0 for step in steps for m in minutes)  # 12:15, 12:30..., not 12:07

@@ -11,8 +11,8 @@ dir (tiny.aggregates), or, for one whale's own downloads, from the day file's ro
   pool it owns and closes (single flight, queue bound), and the queries that read rows;
 - :mod:`tiny.analytics.compute`: the pool side of those (polars: read, parse, one whale's
   downloads), with :mod:`tiny.analytics.names` for the whale names;
-- :mod:`tiny.analytics.charts`: the dashboard's charts, drawn in the pool (from the aggregates
-  with :mod:`tiny.analytics.svg`; one whale's detail from its rows with matplotlib);
+- :mod:`tiny.analytics.charts`: the dashboard's charts, drawn in the pool as SVG (with
+  :mod:`tiny.analytics.svg`) from the aggregates, and one whale's detail from its rows;
 - :mod:`tiny.analytics.cpu`: the pool processes' shared CPU quota (a cgroup).
 
 The HTTP handlers are in :mod:`tiny.handlers.analytics`.

@@ -1,26 +1,23 @@
-"""The dashboard's charts as SVG: the views drawn from a day's aggregate, and one ip_id's downloads.
+"""The dashboard's charts, written as SVG (tiny.analytics.svg) in an analytics pool process.
 
 :func:`render` draws the ``traffic``, ``whales`` and ``hourly`` views from a day's aggregate
-(tiny.analytics.store, small data: 24 hours and N whales), written directly as SVG
-(tiny.analytics.svg, about a millisecond each). :func:`detail_job` draws one ip_id's
-downloads from the rows (tiny.analytics.compute, polars) with matplotlib, the one view that
-reads them (thousands of points, one rasterized image). Element ids name what the tests count.
+(tiny.analytics.store, small data: 24 hours and N whales), 0-4 ms of CPU each;
+:func:`detail_job` draws one ip_id's downloads from the rows (tiny.analytics.compute,
+polars), the one view that reads them (its thousands of points one embedded image).
+Element ids name what the tests count.
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tiny.analytics.compute import HOURS, DayFile, frame_of
 from tiny.analytics.names import whale_name
-from tiny.analytics.svg import INK, SPINE, Canvas, text_width, ticks
+from tiny.analytics.svg import Canvas, Marks, png, text_width, ticks
 
-if TYPE_CHECKING:  # imported in the pool process only: workers never load matplotlib
+if TYPE_CHECKING:  # imported in the pool process only: workers never load polars
     import polars as pl
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
 
 VIEWS = ("traffic", "whales", "hourly", "detail")
 FROM_AGGREGATES = ("traffic", "whales", "hourly")  # the others read rows
@@ -28,37 +25,6 @@ _DETAIL_PACKAGES = 30  # packages named on the detail chart's y axis; the rest a
 
 _WHALE_COLOR = "#e4572e"
 _OTHER_COLOR = "#9cc3e6"
-
-
-def _figure(width: float, height: float) -> Figure:
-    import matplotlib
-
-    matplotlib.rcParams.update(
-        {
-            "svg.fonttype": "none",  # text stays text: small files, selectable, searchable
-            # Labels are data (package names, countries): never TeX or mathtext. With math
-            # on, one package named "$\\bar$" made every chart of its day fail.
-            "text.parse_math": False,
-            "text.usetex": False,
-            "svg.hashsalt": "tiny",  # deterministic element ids
-            "font.size": 10,
-            "axes.edgecolor": SPINE,
-            "axes.labelcolor": INK,
-            "axes.spines.top": False,
-            "axes.spines.right": False,
-            "xtick.color": INK,
-            "ytick.color": INK,
-        }
-    )
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), dpi=100, layout="constrained")
-
-
-def _svg(figure: Figure) -> bytes:
-    out = io.BytesIO()
-    figure.savefig(out, format="svg", metadata={"Date": None}, dpi=150)  # dpi: of rasterized parts only
-    return out.getvalue()
 
 
 def _short(text: str, limit: int = 40) -> str:
@@ -70,9 +36,8 @@ def _label(whale: dict[str, Any]) -> str:
     return f"{whale['name']} ({_short(whale['country'] or '??', 12)})"
 
 
-# The views drawn from aggregates are written as SVG directly (tiny.analytics.svg): small data,
-# about a millisecond each, where matplotlib took 0.1-1 s of CPU a chart. They keep
-# matplotlib's figure sizes (points: 72 to the inch), colours and element ids.
+# Written as SVG directly (tiny.analytics.svg), where matplotlib took 0.1-1 s of CPU a chart
+# (BENCHMARKS.md); they keep its figure sizes (points: 72 to the inch), colours and element ids.
 _PT = 72
 _TITLE = 12  # points: a title's font size (matplotlib's "large")
 _TICK = 3.5  # points: a tick mark's length
@@ -273,7 +238,7 @@ def _render_heatmap(date: str, whales: list[dict[str, Any]]) -> bytes:
     _title(canvas, box.left, f"Whales by hour (UTC), {date}")
     cell, row = box.width / HOURS, box.height / len(whales)
     pixels = [[_orange(count / top) for count in whale["hourly"]] for whale in whales]
-    canvas.image(box.left, box.top, box.width, box.height, pixels, "whale-heatmap")
+    canvas.image(box.left, box.top, box.width, box.height, png(pixels), "whale-heatmap")
     for i, label in enumerate(labels):
         canvas.text(box.left - _TICK - 2, box.top + (i + 0.5) * row, label, 7, anchor="end", middle=True)
     for h in range(0, HOURS, 3):
@@ -299,14 +264,14 @@ def _clock(start: int) -> pl.Expr:
     return pl.col("time").str.slice(start, 2).cast(pl.Int64, strict=False)
 
 
-def _time_axis(axes: Axes, first: float, last: float) -> None:
-    """The detail chart's x axis: the span the whale was active in (hours of day), as HH:MM."""
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
+_CLOCK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 180, 240, 360)  # minutes between the detail's time ticks
 
-    pad = max((last - first) * 0.03, 1 / 60)
-    axes.set_xlim(max(first - pad, 0), min(last + pad, HOURS))
-    axes.xaxis.set_major_locator(MaxNLocator(nbins=8, steps=[1, 2, 2.5, 5, 10]))
-    axes.xaxis.set_major_formatter(FuncFormatter(lambda h, _: f"{int(h):02d}:{round(h % 1 * 60) % 60:02d}"))
+
+def _clock_ticks(first: float, last: float) -> list[float]:
+    """Ticks (hours of day) at round clock times within ``first`` .. ``last``, at most 9."""
+    step = next((m for m in _CLOCK_STEPS if (last - first) * 60 / m <= 8), _CLOCK_STEPS[-1]) / 60
+    start = -(-first // step) * step
+    return [start + i * step for i in range(int((last - start) / step + 1e-9) + 1)]
 
 
 def render_detail(date: str, frame: pl.DataFrame, ip_id: int) -> bytes | None:
@@ -325,20 +290,40 @@ def render_detail(date: str, frame: pl.DataFrame, ip_id: int) -> bytes | None:
     rows = {package: i for i, package in enumerate(order)}
     x = mine.select((_clock(0) * 3600 + _clock(3) * 60 + _clock(6)) / 3600).to_series().fill_null(0.0).to_list()
     y = [rows.get(p, 0) for p in packages.to_list()]
-    figure = _figure(9.0, 1.2 + 0.2 * len(order))
-    axes = figure.add_subplot()
-    # rasterized: thousands of points stay one embedded image instead of an element each
-    points = axes.scatter(x, y, s=40, marker="|", color=_WHALE_COLOR, alpha=0.7, linewidths=1.2, rasterized=True)
-    points.set_gid("detail-points")
-    axes.set_yticks(range(len(order)), [_short(package) for package in order], fontsize=8)
-    axes.set_ylim(-0.7, len(order) - 0.3)
-    _time_axis(axes, min(x), max(x))
-    axes.set_xlabel("time of day (UTC)")
+    labels = [_short(package) for package in order]
+    canvas = Canvas(9.0 * _PT, (1.2 + 0.2 * len(order)) * _PT)
+    left = 12 + max(text_width(label, 8) for label in labels)
+    box = _Box(left, 30, canvas.width - left - 12, canvas.height - 30 - 36)
     name = whale_name(date, ip_id)
     title = f"{name} (ip_id {ip_id}), {date}: {mine.height:,} downloads of {counts.height:,} packages"
-    axes.set_title(title, loc="left")
-    axes.grid(axis="y", color="#eeeeee")
-    return _svg(figure)
+    _title(canvas, min(box.left, 10.0), title)
+    pad = max((max(x) - min(x)) * 0.03, 1 / 60)
+    first, last = max(min(x) - pad, 0.0), min(max(x) + pad, float(HOURS))
+    row = box.height / len(order)  # package i's middle: len(order) - i - 0.5 rows from the top
+
+    def middle(i: int) -> float:
+        return box.top + (len(order) - i - 0.5) * row
+
+    for i, label in enumerate(labels):
+        canvas.line(box.left, middle(i), box.left + box.width, middle(i), "#eeeeee")
+        canvas.text(box.left - _TICK - 2, middle(i), label, 8, anchor="end", middle=True)
+    # The points: one raster of 2 pixels a point, each download a "|" mark (thousands of them
+    # would otherwise be an element each).
+    marks = Marks(round(box.width * 2), round(box.height * 2))
+    scale, half = marks.width / (last - first), max(1, min(round(row * 0.6), 7))
+    for hours, i in zip(x, y, strict=True):
+        centre = round((middle(i) - box.top) * 2)
+        marks.bar(round((hours - first) * scale) - 1, centre - half, centre + half, thickness=2)
+    canvas.image(box.left, box.top, box.width, box.height, marks.png(_WHALE_COLOR), "detail-points", opacity=0.7)
+    canvas.line(box.left, box.top, box.left, box.bottom)
+    canvas.line(box.left, box.bottom, box.left + box.width, box.bottom)
+    for tick in _clock_ticks(first, last):
+        at = box.left + (tick - first) / (last - first) * box.width
+        minutes = round(tick * 60)
+        canvas.line(at, box.bottom, at, box.bottom + _TICK)
+        canvas.text(at, box.bottom + _TICK + 10, f"{minutes // 60:02d}:{minutes % 60:02d}", anchor="middle")
+    canvas.text(box.left + box.width / 2, canvas.height - 6, "time of day (UTC)", anchor="middle")
+    return canvas.svg()
 
 
 def render(view: str, date: str, aggregate: dict[str, Any]) -> bytes:

@@ -75,7 +75,6 @@ def pool_init(parent: int, threads: int) -> None:
     """Runs first in each pool process (confined already: tiny.analytics.cpu.ConfinedContext):
     threads, signals, the parent watch."""
     os.environ["POLARS_MAX_THREADS"] = str(threads)  # read when polars is first imported
-    os.environ.setdefault("MPLBACKEND", "Agg")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the worker decides
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="parent-watch").start()
 

@@ -66,7 +66,7 @@ class WhaleNotFound(LookupError):
 
 
 class Missing(RuntimeError):
-    """polars or matplotlib, which the query needs, is not installed (the ingest-only image): 501."""
+    """polars, which the query needs, is not installed (the ingest-only image): 501."""
 
 
 class Busy(RuntimeError):
@@ -177,7 +177,7 @@ class Analytics:
         self._reading_rows: dict[tuple[Any, ...], tuple[str, tuple[int, int]]] = {}  # pending key -> its day
         # Without them (`pip install .` without the analytics extra, the ingest image), the
         # queries that need them are Missing: answered in the JSON shape, not a 500 from the pool.
-        self.installed = {name: importlib.util.find_spec(name) is not None for name in ("polars", "matplotlib")}
+        self.installed = {name: importlib.util.find_spec(name) is not None for name in ("polars",)}
 
     @classmethod
     def from_config(cls, config: Config) -> Analytics:
@@ -209,7 +209,7 @@ class Analytics:
 
     async def detail(self, date: str, ip_id: int) -> bytes:
         """The ``detail`` chart of one ip_id's downloads (SVG); WhaleNotFound if none."""
-        self.need("polars", "matplotlib")
+        self.need("polars")
         day = stat_day(self.data_dir, date)
         svg = await self._rows(day, ("detail", ip_id), charts.detail_job, day, ip_id)
         if svg is None:
@@ -218,8 +218,8 @@ class Analytics:
 
     async def draw(self, view: str, date: str, aggregate: bytes) -> bytes:
         """The SVG of a view drawn from a day's aggregate (the JSON of
-        tiny.analytics.store.day_aggregate), in the ANSWERS lane (about a millisecond: written
-        as SVG directly, no matplotlib); kept per (view, date, aggregate) in the LRU of the row
+        tiny.analytics.store.day_aggregate), in the ANSWERS lane (milliseconds: small data);
+        kept per (view, date, aggregate) in the LRU of the row
         queries."""
         drawn = DayFile(date, f"chart:{date}:{view}", len(aggregate), zlib.crc32(aggregate))  # "version": the data
         found = self._cache.get(drawn, ("draw",))

@@ -52,16 +52,48 @@ def _n(value: float) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".")
 
 
+def _png(width: int, height: int, kind: int, chunks: bytes, rows: bytes) -> bytes:
+    """A PNG of 8-bit samples: ``kind`` its colour type, ``chunks`` what goes before the data
+    (a palette), ``rows`` the scanlines, each with its filter byte."""
+
+    def chunk(name: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + name + data + struct.pack(">I", zlib.crc32(name + data))
+
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, kind, 0, 0, 0))
+    return b"\x89PNG\r\n\x1a\n" + header + chunks + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
 def png(pixels: list[list[str]]) -> bytes:
     """An RGB PNG of ``pixels``: rows of equal length of "#rrggbb" colours, top row first."""
+    rows = b"".join(b"\x00" + bytes.fromhex("".join(color[1:] for color in row)) for row in pixels)  # filter 0
+    return _png(len(pixels[0]), len(pixels), 2, b"", rows)
 
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    height, width = len(pixels), len(pixels[0])
-    raw = b"".join(b"\x00" + bytes.fromhex("".join(color[1:] for color in row)) for row in pixels)  # filter 0
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+class Marks:
+    """A ``width`` x ``height`` raster of marks in one colour on a transparent ground (a scatter
+    plot's points as one image); :meth:`png` encodes it (a 2-colour palette PNG)."""
+
+    def __init__(self, width: int, height: int) -> None:
+        self.width, self.height = width, height
+        self._stride = width + 1  # a filter byte (0: none) before each row
+        self._raster = bytearray(self._stride * height)
+
+    def bar(self, x: int, top: int, bottom: int, thickness: int = 1) -> None:
+        """Mark columns ``x`` .. ``x + thickness - 1`` from row ``top`` to ``bottom`` (clipped)."""
+        left, right = max(x, 0), min(x + thickness, self.width)
+        if left >= right:
+            return
+        run = b"\x01" * (right - left)
+        for row in range(max(top, 0), min(bottom + 1, self.height)):
+            start = row * self._stride + 1 + left
+            self._raster[start : start + len(run)] = run
+
+    def png(self, color: str) -> bytes:
+        palette = struct.pack(">I", 6) + b"PLTE" + b"\xff\xff\xff" + bytes.fromhex(color[1:])
+        palette += struct.pack(">I", zlib.crc32(palette[4:]))
+        alpha = struct.pack(">I", 2) + b"tRNS\x00\xff"  # index 0 transparent, 1 opaque
+        alpha += struct.pack(">I", zlib.crc32(alpha[4:]))
+        return _png(self.width, self.height, 3, palette + alpha, bytes(self._raster))
 
 
 class Canvas:
@@ -119,14 +151,16 @@ class Canvas:
             f'<defs><linearGradient id="{escape(id)}" x1="0" y1="1" x2="0" y2="0">{stops}</linearGradient></defs>\n'
         )
 
-    def image(self, x: float, y: float, width: float, height: float, pixels: list[list[str]], id: str = "") -> None:
-        """``pixels`` (rows of "#rrggbb", top row first) as an embedded PNG stretched over the
-        rectangle, each pixel a sharp block: a heatmap as one element, not one per cell."""
-        attributes = f' id="{escape(id)}"' if id else ""
+    def image(
+        self, x: float, y: float, width: float, height: float, image: bytes, id: str = "", opacity: float = 1
+    ) -> None:
+        """A PNG ``image`` stretched over the rectangle, each pixel a sharp block: a heatmap's
+        cells or a scatter plot's points as one element, not one each."""
+        attributes = (f' id="{escape(id)}"' if id else "") + (f' opacity="{_n(opacity)}"' if opacity != 1 else "")
         self._parts.append(
             f'<image{attributes} x="{_n(x)}" y="{_n(y)}" width="{_n(width)}" height="{_n(height)}" '
             f'preserveAspectRatio="none" image-rendering="optimizeSpeed" style="image-rendering:pixelated" '
-            f'href="data:image/png;base64,{base64.b64encode(png(pixels)).decode()}"/>\n'
+            f'href="data:image/png;base64,{base64.b64encode(image).decode()}"/>\n'
         )
 
     @contextmanager
