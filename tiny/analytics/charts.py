@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tiny.analytics.compute import HOURS, DayFile, frame_of
+from tiny.analytics.compute import HOURS, DayFile, rows_of
 from tiny.analytics.names import whale_name
 from tiny.analytics.svg import Canvas, Marks, png, text_width, ticks
 
@@ -349,4 +349,4 @@ def draw_job(view: str, date: str, aggregate: bytes) -> bytes:
 def detail_job(day: DayFile, ip_id: int) -> bytes | None:
     """Pool job: the ``detail`` view of one ip_id (read from the rows, with polars); None when
     it has no downloads that day."""
-    return render_detail(day.date, frame_of(day), ip_id)
+    return render_detail(day.date, rows_of(day, ip_id), ip_id)
