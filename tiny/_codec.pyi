@@ -11,9 +11,15 @@ the sources it was built from) and what it enforces; tiny.codec holds them equal
 store (tiny.aggregates.count): rows, bytes, downloads per package, per hour (24 counts),
 ``[downloads, bytes]`` per ip_id, downloads per ``(ip_id, hour)`` and per ``(ip_id, country)``,
 and the ``(start, end)`` of each line it leaves to the rule book (tiny.aggregates._Sums.add).
+
+``count_lines(fd, start, end, tail)`` counts the LFs among bytes ``start..end`` of an open
+file (tiny.analytics.store.count_rows): the count, the bytes read (fewer at the end of the
+file) and the last ``tail`` of them.
 """
 
-__all__ = ["BUILD_ID", "COLUMNS", "MAX_DAYS", "MAX_REJECTS", "MAX_STRING", "REASONS", "encode", "tally"]
+__all__ = [
+    "BUILD_ID", "COLUMNS", "MAX_DAYS", "MAX_REJECTS", "MAX_STRING", "REASONS", "count_lines", "encode", "tally",
+]  # fmt: skip
 
 __version__: str
 BUILD_ID: str  # FNV-1a 64 of the sources it was built from (rust/tiny_codec/build.rs)
@@ -38,3 +44,4 @@ def tally(
     dict[tuple[int, str], int],
     list[tuple[int, int]],
 ]: ...
+def count_lines(fd: int, start: int, end: int, tail: int = 256) -> tuple[int, int, bytes]: ...

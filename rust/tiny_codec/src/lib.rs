@@ -13,7 +13,8 @@
 //! - [`batch`]: the body loop (lines, blanks, UTF-8, grouping per day);
 //! - [`runs`]: the scanner's inner loops, 16 bytes at a time;
 //! - [`tally`]: the other way: counting the rows of a day file for the aggregate store
-//!   (`tiny._codec.tally`, tiny/aggregates.py).
+//!   (`tiny._codec.tally`, tiny/aggregates.py);
+//! - [`lines`]: counting a day file's lines (`tiny._codec.count_lines`, the dashboard's day list).
 //!
 //! The Python binding (feature `python`, on in wheels built by maturin) releases the GIL
 //! for all of the scanning and only builds Python objects at the end.
@@ -21,6 +22,7 @@
 pub mod batch;
 mod fast;
 mod json;
+pub mod lines;
 mod record;
 mod runs;
 pub mod tally;
@@ -92,6 +94,29 @@ mod python {
         (t.rows, t.bytes, packages, hours, ips, ip_hours, ip_countries, deferred).into_pyobject(py)
     }
 
+    /// count_lines(fd: int, start: int, end: int, tail: int = 256) -> tuple[int, int, bytes]
+    ///
+    /// The LFs among bytes start..end of the open file fd (pread, the GIL released), how many
+    /// bytes were read (fewer at the end of the file) and the last `tail` of them (crate::lines).
+    /// The caller keeps fd open; OSError when a read fails.
+    #[pyfunction]
+    #[pyo3(signature = (fd, start, end, tail = 256))]
+    fn count_lines<'py>(
+        py: Python<'py>,
+        fd: i32,
+        start: u64,
+        end: u64,
+        tail: usize,
+    ) -> PyResult<(u64, u64, Bound<'py, PyBytes>)> {
+        use std::os::fd::FromRawFd;
+        // Borrowed, never closed: ManuallyDrop keeps File's drop from closing the caller's fd.
+        let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+        let counted = py
+            .detach(|| crate::lines::count_lines(&file, start, end, tail))
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err((e.raw_os_error().unwrap_or(0), e.to_string())))?;
+        Ok((counted.lines, counted.read, PyBytes::new(py, &counted.tail)))
+    }
+
     /// `tiny._codec`: maturin names the shared library after the last part of the
     /// module-name in pyproject.toml, and Python looks for `PyInit__codec` in it. Besides
     /// `encode`, it says what it is: its version, the hash of the sources it was built from
@@ -102,6 +127,7 @@ mod python {
     fn codec_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(encode, m)?)?;
         m.add_function(wrap_pyfunction!(tally, m)?)?;
+        m.add_function(wrap_pyfunction!(count_lines, m)?)?;
         let limits = crate::batch::Limits::default();
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("BUILD_ID", env!("TINY_CODEC_SOURCE_HASH"))?;
