@@ -207,7 +207,11 @@ _FLAGS: list[tuple[str, object, str | None]] = [
     ("max_days", _positive_int, "distinct days one request may hold; records of further days are invalid"),
     ("max_rejects", _non_negative_int, "invalid lines kept per request in rejects/; the rest are summarised"),
     ("max_connections", _non_negative_int, "open connections per worker process; 0 = from the descriptor limit"),
-    ("analytics_processes", _positive_int, "analytics pool processes per worker (started on the first query)"),
+    (
+        "analytics_processes",
+        _positive_int,
+        "analytics pool processes per worker and lane (answers: started with the worker; row reads: on the first)",
+    ),
     ("analytics_threads", _positive_int, "polars threads in each analytics pool process"),
     ("analytics_nice", _niceness, "CPU priority of the analytics pool: 'idle' (SCHED_IDLE) or a nice value 0-19"),
     (

@@ -72,6 +72,14 @@ def fold_job(data_dir: str, sizes: dict[str, int], within: tuple[str, str], quer
     return dashboard.answer(store, query, sizes)
 
 
+def warm_job() -> None:
+    """Pool job run once at a worker's start (tiny.analytics.service.Analytics.start): import
+    what fold_job needs, so the first query does not wait for it."""
+    from tiny import downloads  # noqa: F401
+    from tiny.aggregates import Aggregates  # noqa: F401
+    from tiny.analytics import charts, store  # noqa: F401
+
+
 @dataclass(frozen=True)
 class Answer:
     body: bytes

@@ -35,7 +35,7 @@ from tiny.handlers.rules import IngestRules
 from tiny.heartbeat import BEAT_SECONDS, Heartbeats
 from tiny.httpserver import TinyHTTPServer
 from tiny.journal import Journal, JournalError
-from tiny.live import Live
+from tiny.live import Live, warm_job
 from tiny.metrics import Metrics
 from tiny.routes import make_app
 from tiny.sink import DailyFileSink
@@ -143,6 +143,7 @@ async def _serve(
     sink, drain = deps.sink, deps.drain
     server = make_server(deps)
     server.add_sockets([sock])
+    deps.analytics.start(warm_job)  # the answers' pool process, so no query waits for it
 
     stop = asyncio.Event()
     for signum in _STOP_SIGNALS:

@@ -70,30 +70,44 @@ def png(pixels: list[list[str]]) -> bytes:
 
 
 class Marks:
-    """A ``width`` x ``height`` raster of marks in one colour on a transparent ground (a scatter
-    plot's points as one image); :meth:`png` encodes it (a 2-colour palette PNG)."""
+    """A ``width`` x ``height`` raster of vertical marks in one colour on a transparent ground,
+    in bands of rows (a scatter plot's points, one band per category, as one image);
+    :meth:`png` encodes it (a 2-colour palette PNG)."""
 
     def __init__(self, width: int, height: int) -> None:
         self.width, self.height = width, height
-        self._stride = width + 1  # a filter byte (0: none) before each row
-        self._raster = bytearray(self._stride * height)
+        self._bands: dict[tuple[int, int], bytearray] = {}  # (top, bottom) row -> the columns marked
 
     def bar(self, x: int, top: int, bottom: int, thickness: int = 1) -> None:
-        """Mark columns ``x`` .. ``x + thickness - 1`` from row ``top`` to ``bottom`` (clipped)."""
+        """Mark columns ``x`` .. ``x + thickness - 1`` from row ``top`` to ``bottom`` (clipped).
+        Marks with the same rows share one band: a mark costs a slice, not one per row."""
         left, right = max(x, 0), min(x + thickness, self.width)
-        if left >= right:
+        top, bottom = max(top, 0), min(bottom, self.height - 1)
+        if left >= right or top > bottom:
             return
-        run = b"\x01" * (right - left)
-        for row in range(max(top, 0), min(bottom + 1, self.height)):
-            start = row * self._stride + 1 + left
-            self._raster[start : start + len(run)] = run
+        band = self._bands.get((top, bottom))
+        if band is None:
+            band = self._bands[top, bottom] = bytearray(self.width)
+        band[left:right] = b"\x01" * (right - left)
 
     def png(self, color: str) -> bytes:
         palette = struct.pack(">I", 6) + b"PLTE" + b"\xff\xff\xff" + bytes.fromhex(color[1:])
         palette += struct.pack(">I", zlib.crc32(palette[4:]))
         alpha = struct.pack(">I", 2) + b"tRNS\x00\xff"  # index 0 transparent, 1 opaque
         alpha += struct.pack(">I", zlib.crc32(alpha[4:]))
-        return _png(self.width, self.height, 3, palette + alpha, bytes(self._raster))
+        stride = self.width + 1  # a filter byte (0: none) before each row
+        raster = bytearray(stride * self.height)
+        written = bytearray(self.height)
+        for (top, bottom), band in self._bands.items():  # bands may overlap: their marks add up
+            for row in range(top, bottom + 1):
+                start = row * stride + 1
+                if written[row]:
+                    merged = bytes(a | b for a, b in zip(raster[start : start + self.width], band, strict=True))
+                    raster[start : start + self.width] = merged
+                else:
+                    raster[start : start + self.width] = band
+                    written[row] = 1
+        return _png(self.width, self.height, 3, palette + alpha, bytes(raster))
 
 
 class Canvas:
