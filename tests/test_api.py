@@ -823,3 +823,18 @@ def test_a_day_files_rows_are_counted_on_from_the_last_count_unless_those_bytes_
         handle.seek(0, os.SEEK_END)
         handle.write(b"x" * 300 + b"\n" + b"".join(row % n for n in range(100, 104)))
     assert store.count_rows(str(path), path.stat().st_size) == 1 + 1 + 4
+
+
+def test_a_smaller_top_after_a_larger_one_is_its_prefix_until_the_day_changes(tmp_path: Path) -> None:
+    """A pool process computes a day's aggregate once per version of the day for every top up
+    to the one asked: a smaller top is the larger one's first whales, and a new row is seen."""
+    with Server(tmp_path / "data") as running:
+        body = b"\n".join(json.dumps(record(date="2014-06-03", ip_id=n % 7 + 1)).encode() for n in range(40))
+        assert running.ingest(body).status == 200
+        many = ok(running, "/api/days/2014-06-03/whales?top=100")["whales"]
+        assert len(many) == 7 and ok(running, "/api/days/2014-06-03/whales?top=2")["whales"] == many[:2]
+        more = b"\n".join(json.dumps(record(date="2014-06-03", ip_id=99)).encode() for _ in range(50))
+        assert running.ingest(more).status == 200
+        whales = ok(running, "/api/days/2014-06-03/whales?top=2")["whales"]
+        assert whales[0]["ip_id"] == 99 and whales[0]["downloads"] == 50 and whales[1] == many[0]
+        assert ok(running, "/api/days/2014-06-03/summary?top=1")["downloads"] == 90

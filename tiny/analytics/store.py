@@ -13,6 +13,7 @@ touches the store: a chart being drawn never holds the store's write lock).
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from typing import Any
 
 from tiny import codec, layout
@@ -23,6 +24,8 @@ HOURS = 24
 _TAIL = 256
 _COUNTED = 4096  # day files whose line count a pool process remembers
 _counted: dict[str, tuple[int, int, bytes]] = {}  # path -> (bytes counted, LFs in them, their last _TAIL bytes)
+_AGGREGATES = 64  # day aggregates a pool process keeps, per (day, file, bytes counted)
+_aggregates: OrderedDict[tuple[str, int, int], tuple[int, dict[str, Any]]] = OrderedDict()
 UNFOLDED = frozenset(("days",))  # queries answered without folding first
 
 
@@ -133,11 +136,39 @@ def count_rows(path: str, size: int) -> int:
 def day_aggregate(store: Aggregates, day: str, top: int) -> dict[str, Any] | None:
     """The day's totals, downloads per hour, distinct ip_ids and its ``top`` whales (most
     downloads first, ties by smaller ip_id; country: the most frequent non-missing one, ties
-    alphabetical, None if it never had one); None when the day has no file."""
+    alphabetical, None if it never had one); None when the day has no file.
+
+    Kept per version of the day in the store (its file's inode and the bytes counted, which
+    every fold that changes the day's counts moves): one computation serves every ``top`` up
+    to the one it was made for (the whales are a prefix), and the summary, whales, hourly and
+    chart queries of a dashboard visit ask for the same one."""
+    db = store.db
+    own = not db.in_transaction
+    if own:
+        db.execute("BEGIN")  # one snapshot: a fold by another process between two reads is not half seen
+    try:
+        version = db.execute("SELECT inode, consumed FROM files WHERE day = ?", (day,)).fetchone()
+        if version is None:
+            return None
+        key = (day, *version)
+        cached = _aggregates.get(key)
+        if cached is not None and cached[0] >= top:
+            _aggregates.move_to_end(key)
+            aggregate = cached[1]
+        else:
+            aggregate = _day_aggregate(store, day, top)
+            _aggregates[key] = (top, aggregate)
+            while len(_aggregates) > _AGGREGATES:
+                _aggregates.popitem(last=False)
+    finally:
+        if own:
+            db.execute("COMMIT")
+    return {**aggregate, "whales": aggregate["whales"][:top]}
+
+
+def _day_aggregate(store: Aggregates, day: str, top: int) -> dict[str, Any]:
     db = store.db
     totals = db.execute("SELECT rows, bytes_hi, bytes_lo FROM files WHERE day = ?", (day,)).fetchone()
-    if totals is None:
-        return None
     hourly = [0] * HOURS
     for hour, count in db.execute("SELECT hour, downloads FROM hours WHERE day = ?", (day,)):
         hourly[hour] = count
