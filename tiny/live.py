@@ -158,10 +158,9 @@ class Live:
                 stats[day] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         return stats
 
-    async def answer(self, query: tuple[Any, ...], needed: list[str] | None, slow: bool = False) -> Answer:
+    async def answer(self, query: tuple[Any, ...], needed: list[str] | None) -> Answer:
         """The answer to ``query`` (see fold_job), reading the days ``needed`` (None: all; a
-        day of their span without a file is forgotten by the store); ``slow``: a query that
-        may read many bytes, in the pool's ROWS lane, where it holds no answer up."""
+        day of their span without a file is forgotten by the store)."""
         version = self.version()
         existing = self.days(version)
         if needed is None:
@@ -181,7 +180,7 @@ class Live:
             return cached
         sizes = await self.sink.committed_sizes(days)
         key = ("live", query, version)
-        body = await self.analytics.call(key, fold_job, str(self.data_dir), sizes, within, query, slow=slow)
+        body = await self.analytics.call(key, fold_job, str(self.data_dir), sizes, within, query)
         answer = Answer(bytes(body), version)
         if any(sizes.get(day, -1) != size for day, (inode, size, _) in stats.items() if inode != -1):
             return answer  # bytes were in flight: this answer does not count all these files hold

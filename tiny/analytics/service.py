@@ -237,10 +237,10 @@ class Analytics:
         )
         return bytes(svg)
 
-    async def call(self, key: tuple[Any, ...], func: Callable[..., Any], *args: Any, slow: bool = False) -> Any:
-        """``func(*args)`` in the ANSWERS lane, or ROWS when ``slow`` (once for all
-        concurrent callers with the same ``key``): the answers from the aggregates (tiny.live)."""
-        return await self._run(key, lambda result: None, func, *args, lane=ROWS if slow else ANSWERS)
+    async def call(self, key: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
+        """``func(*args)`` in the ANSWERS lane (once for all concurrent callers with the same
+        ``key``): the answers from the aggregates (tiny.live)."""
+        return await self._run(key, lambda result: None, func, *args, lane=ANSWERS)
 
     def start(self, warm: Callable[[], None]) -> None:
         """Start the ANSWERS lane's processes now, each running ``warm`` (its imports): the

@@ -118,8 +118,9 @@ class AnalyticsHandler(JSONHandler):
         """``{"date", "rows", "bytes"}`` of each of ``days`` from the live aggregates."""
         if not days:
             return []
-        # slow: the rows of a day being written are counted from its new bytes
-        answer = await self.answer(self.deps.live.answer(("days", tuple(days)), days, slow=True))
+        # The rows of a day being written are counted from its new bytes (8 GB/s compiled): the
+        # answers' lane, where a visit's first query does not wait behind another's row read.
+        answer = await self.answer(self.deps.live.answer(("days", tuple(days)), days))
         return list(orjson.loads(answer.body))
 
     def send_json(self, body: Any) -> None:
