@@ -18,6 +18,7 @@ without waiting for it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -133,6 +134,18 @@ def make_server(deps: Deps) -> TinyHTTPServer:
     )
 
 
+def _reap_resource_tracker() -> None:
+    """Stop and reap multiprocessing's resource tracker, the other child the analytics pool's
+    queues gave this worker: left to exit with the worker, it stayed a zombie until an init
+    reaped it (4 in supervisord's session after a shutdown). Only as the process leaves: the
+    tracker serves every pool of the process."""
+    from multiprocessing import resource_tracker
+
+    # _stop: the tracker has no public way to stop; it closes its pipe, then waits for it.
+    with contextlib.suppress(AttributeError, OSError):
+        resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
+
+
 async def _serve(
     config: Config, sock: socket.socket, parent_pid: int | None, beat: tuple[Heartbeats, int] | None
 ) -> int:
@@ -165,6 +178,7 @@ async def _serve(
     failures = sink.failures
     written = await sink.close(max(1.0, config.drain_timeout - (time.monotonic() - started)))
     deps.analytics.close()
+    _reap_resource_tracker()
     try:
         await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
     except TimeoutError:

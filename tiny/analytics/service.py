@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import gc
 import importlib.util
@@ -41,7 +40,6 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -261,9 +259,7 @@ class Analytics:
 
         Later queries raise :class:`Busy`. Waits up to ``_STOP_SECONDS`` for the pool
         processes, so that the pool's queues and semaphores are released before the worker
-        exits (no "leaked semaphore" warning), then stops and reaps multiprocessing's resource
-        tracker, the worker's other child: left to exit with the worker, it stayed a zombie
-        until an init reaped it (a supervisord session's member after the shutdown).
+        exits (no "leaked semaphore" warning).
         """
         self._closed = True
         pools, self._pools = list(self._pools.values()), {}
@@ -273,9 +269,6 @@ class Analytics:
         # The queues' semaphores are released when the queues are collected: now, since a
         # forked worker leaves by os._exit, which runs no finalizer.
         gc.collect()
-        # (_stop: the tracker has no public way to stop; it closes the pipe, then waitpid.)
-        with contextlib.suppress(AttributeError, OSError):
-            resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
 
     def _executor(self, lane: str) -> concurrent.futures.ProcessPoolExecutor:
         """The pool of ``lane``, created on first use (in the worker process that uses it)."""
