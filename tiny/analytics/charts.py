@@ -338,14 +338,6 @@ def render(view: str, date: str, aggregate: dict[str, Any]) -> bytes:
     return render_hourly(date, whales)
 
 
-def draw_job(view: str, date: str, aggregate: bytes) -> bytes:
-    """Pool job: :func:`render` from the JSON of tiny.analytics.store.day_aggregate (the
-    stdlib's parser: byte totals may pass 2^64)."""
-    import json
-
-    return render(view, date, json.loads(aggregate))
-
-
 def detail_job(day: DayFile, ip_id: int) -> bytes | None:
     """Pool job: the ``detail`` view of one ip_id (read from the rows, with polars); None when
     it has no downloads that day."""

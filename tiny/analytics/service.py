@@ -36,7 +36,6 @@ import importlib.util
 import logging
 import os
 import weakref
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
@@ -219,22 +218,6 @@ class Analytics:
         svg = await self._rows(day, ("detail", ip_id), charts.detail_job, day, ip_id)
         if svg is None:
             raise WhaleNotFound(ip_id)
-        return bytes(svg)
-
-    async def draw(self, view: str, date: str, aggregate: bytes) -> bytes:
-        """The SVG of a view drawn from a day's aggregate (the JSON of
-        tiny.analytics.store.day_aggregate), in the ANSWERS lane (milliseconds: small data);
-        kept per (view, date, aggregate) in the LRU of the row
-        queries."""
-        drawn = DayFile(date, f"chart:{date}:{view}", len(aggregate), zlib.crc32(aggregate))  # "version": the data
-        found = self._cache.get(drawn, ("draw",))
-        if found is not _MISSING:
-            return bytes(found)
-        key = ("draw", view, date, drawn.version)
-        store = functools.partial(self._cache.put, drawn, ("draw",))
-        svg = await self._run(
-            key, lambda result: store(result, _size(result)), charts.draw_job, view, date, aggregate, lane=ANSWERS
-        )
         return bytes(svg)
 
     async def call(self, key: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:

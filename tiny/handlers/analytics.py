@@ -15,8 +15,8 @@ sends it.
 Errors use the JSON shape of tiny.handlers.base: 400 bad date / ``top`` / ``limit`` /
 ``ip_id``, 401 token, 404 no such day (or ip_id on that day, or chart), 405 other methods,
 501 when polars (the row queries: one ip_id's downloads, the ``detail`` chart) is not
-installed (the ingest-only image, where the answers and charts from the aggregates work), 503 + Retry-After when too
-many analytics queries are queued, a query that reads rows is already running in this
+installed (the ingest-only image, where the answers and charts from the aggregates work),
+503 + Retry-After when too many analytics queries are queued, a query that reads rows is already running in this
 process, the data dir's lock or the store is busy, the analytics process died (it is
 restarted on the next query) or the server is shutting down.
 """
@@ -221,8 +221,7 @@ class ChartHandler(AnalyticsHandler):
         text = self.get_query_argument("ip_id", None)
         ip_id = self.ip_id(text) if text is not None else None
         if view in charts.FROM_AGGREGATES:
-            aggregate = await self.aggregated(("aggregate", day, top), day)
-            svg = await self.answer(self.deps.analytics.draw(view, day, aggregate))
+            svg = await self.aggregated(("chart", view, day, top), day)
         else:  # detail: one ip_id's downloads, from the rows
             if ip_id is None:
                 biggest = orjson.loads(await self.aggregated(("biggest", day), day))
