@@ -1,18 +1,18 @@
 # The Tiny Data Server images: tiny-data-server on 0.0.0.0:8000, data in the /data volume.
 #
-#   docker build --target ingest -t tiny:ingest .         # /ingest, /healthz, /metrics (tornado, orjson,
+#   docker build --target ingest -t tiny:ingest .         # the whole server: ingest, the dashboard and
+#                                                         # the downloads API (tornado, orjson,
 #                                                         # prometheus-client, tiny + its compiled codec)
-#   docker build --target analytics -t tiny:analytics .   # the same + polars for the dashboard's
-#                                                         # row queries (the default target)
+#   docker build --target analytics -t tiny:analytics .   # the same image (the default target: the name
+#                                                         # older commands and compose files use)
 #   docker compose up --scale tiny=4                      # with nginx in front (docker-compose.yml)
 #   make images-offline                                   # with no registry (docker/build-offline.sh)
 #
 # Stages: `builder` installs Rust (Debian's packages) and maturin, builds the wheel of the package
-# (tiny + tiny._codec) and /venv with requirements.txt's pins and that wheel; `analytics-builder`
-# adds requirements-analytics.txt to that /venv; `runtime` is the user, entrypoint and settings;
-# `ingest` and `analytics` are runtime + the /venv of their builder. No compiler, cargo, pip or
-# crate reaches a final image. `ingest` comes first so that the legacy builder, which builds every
-# stage up to the target, never builds analytics-builder for it.
+# (tiny + tiny._codec) and /venv with requirements.txt's pins and that wheel; `runtime` is the
+# user, entrypoint and settings; `ingest` is runtime + that /venv, and `analytics` the same image
+# under its older name (it added polars until the row queries left it, session 10). No compiler,
+# cargo, pip or crate reaches a final image.
 #
 # BASE_IMAGE: any Debian-like image with Python 3.11 and its venv module whose apt sources carry
 # Rust >= 1.85 (rustc-web or rustc): python:3.11-slim from Docker Hub, or the Debian bookworm root
@@ -80,15 +80,10 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
 ENTRYPOINT ["/app/entrypoint.sh"]
 CMD ["tiny-data-server"]
 
-# The ingest server alone: the dashboard's row queries (one whale's downloads and detail chart)
-# need polars (analytics); everything else works here.
+# The server: ingest, the dashboard and its API, the downloads API.
 FROM runtime AS ingest
 COPY --from=builder /venv /venv
 
-FROM builder AS analytics-builder
-COPY requirements-analytics.txt /src/
-RUN /opt/tools/bin/pip --python /venv/bin/python install -q -r /src/requirements-analytics.txt
-
-# Everything: ingest + the analytics API and dashboard. The last stage, so the default target.
-FROM runtime AS analytics
-COPY --from=analytics-builder /venv /venv
+# The same image under the name the default target had when it added polars: the last stage,
+# so the default target.
+FROM ingest AS analytics

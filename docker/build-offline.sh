@@ -15,7 +15,7 @@
 #   docker compose up --no-build --scale tiny=4       (TINY_IMAGE_TARGET as for the build)
 #
 # Environment:
-#   TINY_IMAGE_TARGET  the Dockerfile target compose runs: analytics (default) or ingest
+#   TINY_IMAGE_TARGET  the Dockerfile target compose runs: analytics (default) or ingest (the same image)
 #   TARGETS       targets to build (default: $TINY_IMAGE_TARGET), e.g. TARGETS="ingest analytics"
 #   IMAGE_PREFIX  (default tiny-data-server): target T is tagged $IMAGE_PREFIX-T:$IMAGE_TAG
 #   IMAGE_TAG     (default local)              NGINX_IMAGE (default $IMAGE_PREFIX-nginx:$IMAGE_TAG)

@@ -54,7 +54,6 @@ def test_bad_values_stop_at_start_up(env: dict[str, str]) -> None:
     "env, flag",
     [
         ({"TINY_ANALYTICS_PROCESSES": "0"}, "--analytics-processes"),
-        ({"TINY_ANALYTICS_THREADS": "many"}, "--analytics-threads"),
         ({"TINY_ANALYTICS_NICE": "fast"}, "--analytics-nice"),
         ({"TINY_ANALYTICS_MAX_QUEUED": "-1"}, "--analytics-max-queued"),
     ],
@@ -68,9 +67,9 @@ def test_bad_analytics_settings_stop_at_start_up_naming_the_flag(
 
 
 def test_analytics_settings_are_flags_and_environment() -> None:
-    env = {"TINY_ANALYTICS_PROCESSES": "2", "TINY_ANALYTICS_THREADS": "3", "TINY_ANALYTICS_MAX_QUEUED": "4"}
+    env = {"TINY_ANALYTICS_PROCESSES": "2", "TINY_ANALYTICS_MAX_QUEUED": "4"}
     options = config.parse(["--analytics-nice", "10"], env)
-    assert (options.analytics_processes, options.analytics_threads, options.analytics_max_queued) == (2, 3, 4)
+    assert (options.analytics_processes, options.analytics_max_queued) == (2, 4)
     assert options.analytics_nice == "10" and config.parse([], {}).analytics_nice == "idle"
     assert "TINY_ANALYTICS_NICE" in config.build_parser({}).format_help()
 

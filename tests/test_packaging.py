@@ -1,7 +1,7 @@
 """The package metadata (pyproject.toml) against the pinned requirements files it repeats.
 
-The Docker images install requirements.txt (ingest) and requirements-analytics.txt; `pip install .`
-installs [project] dependencies and the `analytics` extra: the same pins, in both places.
+The Docker images install requirements.txt; `pip install .` installs [project] dependencies:
+the same pins, in both places, and no optional extra.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ def test_dependencies_are_the_ingest_pins() -> None:
     assert PROJECT["dependencies"] == pins("requirements.txt")
 
 
-def test_analytics_extra_is_the_analytics_pins() -> None:
-    assert PROJECT["optional-dependencies"]["analytics"] == pins("requirements-analytics.txt")
+def test_there_is_no_optional_extra_to_forget() -> None:
+    assert "optional-dependencies" not in PROJECT
 
 
 def test_console_scripts_name_functions_that_exist() -> None:

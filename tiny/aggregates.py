@@ -17,9 +17,9 @@ from its start: that day's aggregates are rebuilt. ``tiny-admin rebuild-aggregat
 them all from the files.
 
 Counting rows: a row is a line of the day file after its header (lines end at LF only: a
-string may hold U+2028 or U+0085, which Python's ``splitlines`` would also break at), split on
-commas when none of its strings holds one (the usual row), else by tiny.cranlog.parse_row; a
-quoted ``"NA"`` is the string, a bare ``NA`` is missing. A row that does not parse is skipped
+string may hold U+2028 or U+0085, which Python's ``splitlines`` would also break at), read by
+tiny.cranlog.read_row (the row queries read a whale's rows by the same rule); a quoted ``"NA"``
+is the string, a bare ``NA`` is missing. A row that does not parse is skipped
 and counted (``files.skipped``): the CSV the sink writes always parses. With the compiled codec
 in use (tiny.codec.CODEC), ``tiny._codec.tally`` counts the usual rows of a block with the GIL
 released and hands every other line back to :meth:`_Sums.add`, the rule book (about 3x faster
@@ -38,7 +38,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tiny import codec, layout
-from tiny.cranlog import parse_row
+from tiny.cranlog import read_row
 from tiny.layout import HEADER
 from tiny.transaction import immediate
 
@@ -75,7 +75,6 @@ _PER_DAY = ("packages", "hours", "ips", "ip_hours", "ip_countries")
 # a byte total as two columns, hi = total >> 32 and lo = total & 0xFFFFFFFF, carried on every
 # add, so that it stays exact while hi fits 63 bits: up to 2^95 bytes per day and ip_id.
 IP_OFFSET = 1 << 63
-_U64 = 1 << 64
 _LO = 0xFFFFFFFF
 # (SQLite evaluates every SET expression on the row as it was: lo's carry goes into hi.)
 _ADD_BYTES = (
@@ -123,43 +122,21 @@ class _Sums:
         self.ip_countries: defaultdict[tuple[int, str], int] = defaultdict(int)
 
     def add(self, line: str) -> None:
-        fields = line.split(",")
-        if len(fields) == 10 and '""' not in line:
-            time_, size, quoted_package, quoted_country, ip_id = fields[1], fields[2], fields[6], fields[8], fields[9]
-            try:
-                hour = int(time_[1:3])
-                nbytes = int(size)
-                ip = int(ip_id)
-            except ValueError:
-                self.skipped += 1
-                return
-            if not (0 <= hour < 24 and 0 <= nbytes < _U64 and 0 < ip < _U64):
-                self.skipped += 1  # not a row the sink writes (a file edited by hand)
-                return
-            package: str | None = quoted_package[1:-1] if quoted_package[:1] == '"' else None  # bare NA: missing
-            country: str | None = quoted_country[1:-1] if quoted_country[:1] == '"' else None
-        else:  # a string holds a comma or a quote: the exact parser
-            try:
-                record = parse_row(line)
-                hour, nbytes, ip = int(record["time"][:2]), record["size"], record["ip_id"]
-                package, country = record["package"], record["country"]
-            except (ValueError, TypeError):
-                self.skipped += 1
-                return
-            if not (0 <= hour < 24 and isinstance(nbytes, int) and isinstance(ip, int) and 0 < ip < _U64):
-                self.skipped += 1
-                return
+        row = read_row(line)  # the rule book: which lines are rows, and their fields
+        if row is None:
+            self.skipped += 1
+            return
         self.rows += 1
-        self.bytes += nbytes
-        if package is not None:
-            self.packages[package] += 1
-        self.hours[hour] += 1
-        totals = self.ips[ip]
+        self.bytes += row.size
+        if row.package is not None:
+            self.packages[row.package] += 1
+        self.hours[row.hour] += 1
+        totals = self.ips[row.ip_id]
         totals[0] += 1
-        totals[1] += nbytes
-        self.ip_hours[ip, hour] += 1
-        if country is not None:
-            self.ip_countries[ip, country] += 1
+        totals[1] += row.size
+        self.ip_hours[row.ip_id, row.hour] += 1
+        if row.country is not None:
+            self.ip_countries[row.ip_id, row.country] += 1
 
 
 def count(block: bytes, start: int, end: int) -> _Sums:

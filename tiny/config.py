@@ -39,7 +39,6 @@ class Config:
     max_rejects: int = limits.MAX_REJECTS
     max_connections: int = 0
     analytics_processes: int = limits.ANALYTICS_PROCESSES
-    analytics_threads: int = limits.ANALYTICS_THREADS
     analytics_nice: str = "idle"
     analytics_cpu: float = limits.ANALYTICS_CPU
     analytics_max_queued: int = limits.ANALYTICS_MAX_QUEUED
@@ -212,7 +211,6 @@ _FLAGS: list[tuple[str, object, str | None]] = [
         _positive_int,
         "analytics pool processes per worker and lane (answers: started with the worker; row reads: on the first)",
     ),
-    ("analytics_threads", _positive_int, "polars threads in each analytics pool process"),
     ("analytics_nice", _niceness, "CPU priority of the analytics pool: 'idle' (SCHED_IDLE) or a nice value 0-19"),
     (
         "analytics_cpu",

@@ -11,7 +11,7 @@ import gzip
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import orjson
 
@@ -44,6 +44,59 @@ def parse_row(line: str) -> dict[str, Any]:
     if len(values) != len(COLUMNS):
         raise ValueError(f"expected {len(COLUMNS)} fields, got {len(values)}: {line!r}")
     return dict(zip(COLUMNS, values, strict=True))
+
+
+_U64 = 1 << 64
+
+
+class Row(NamedTuple):
+    """A day-file row as the live aggregates count it (tiny.aggregates) and the row queries
+    read it (tiny.analytics.compute); None stands for a bare ``NA``."""
+
+    time: str
+    hour: int
+    size: int
+    package: str | None
+    version: str | None
+    country: str | None
+    ip_id: int
+
+
+def read_row(line: str) -> Row | None:
+    """A day-file line (without its LF) as a :class:`Row`, or None when it is not one the sink
+    writes (a file edited by hand): the hour, size and ip_id must be numbers in range.
+
+    The usual line, whose strings hold neither a comma nor a quote, is split on commas (about
+    5x faster); any other goes through :func:`parse_row`.
+    """
+    fields = line.split(",")
+    if len(fields) == 10 and '""' not in line:
+        time_, size, package, version, country, ip_id = (fields[i] for i in (1, 2, 6, 7, 8, 9))
+        try:
+            hour, nbytes, ip = int(time_[1:3]), int(size), int(ip_id)
+        except ValueError:
+            return None
+        if not (0 <= hour < 24 and 0 <= nbytes < _U64 and 0 < ip < _U64):
+            return None
+        return Row(
+            time_[1:-1],
+            hour,
+            nbytes,
+            package[1:-1] if package[:1] == '"' else None,  # bare NA: missing
+            version[1:-1] if version[:1] == '"' else None,
+            country[1:-1] if country[:1] == '"' else None,
+            ip,
+        )
+    try:
+        record = parse_row(line)
+        hour, nbytes, ip = int(record["time"][:2]), record["size"], record["ip_id"]
+    except (ValueError, TypeError):
+        return None
+    if not (isinstance(nbytes, int) and isinstance(ip, int)):
+        return None
+    if not (0 <= hour < 24 and 0 <= nbytes < _U64 and 0 < ip < _U64):
+        return None
+    return Row(record["time"], hour, nbytes, record["package"], record["version"], record["country"], ip)
 
 
 def open_log(path: str | Path) -> IO[str]:

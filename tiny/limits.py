@@ -45,8 +45,7 @@ IDEMPOTENCY_MAX_KEYS = 10_000_000  # --idempotency-max-keys: keys kept at most (
 
 # -- analytics --------------------------------------------------------------------------------
 ANALYTICS_PROCESSES = 1  # --analytics-processes
-ANALYTICS_THREADS = 1  # --analytics-threads
 ANALYTICS_CPU = 0.1  # --analytics-cpu: CPUs of all analytics pool processes of a server together
-ANALYTICS_ROW_QUERIES = 1  # day files whose rows are read (polars) at once per worker; another gets 503
+ANALYTICS_ROW_QUERIES = 1  # day files whose rows are read at once per worker; another gets 503
 ANALYTICS_MAX_QUEUED = 32  # --analytics-max-queued
 ANALYTICS_CACHE_BYTES = 64 * MiB  # --analytics-cache-bytes

@@ -9,8 +9,8 @@ dir (tiny.aggregates), or, for one whale's own downloads, from the day file's ro
   pool, after tiny.live folded the day up to its committed size);
 - :mod:`tiny.analytics.service`: the worker side, one ``Analytics`` per worker process: the
   pool it owns and closes (single flight, queue bound), and the queries that read rows;
-- :mod:`tiny.analytics.compute`: the pool side of those (polars: read, parse, one whale's
-  downloads), with :mod:`tiny.analytics.names` for the whale names;
+- :mod:`tiny.analytics.compute`: the pool side of those (one whale's rows found by a byte
+  search and read, its downloads), with :mod:`tiny.analytics.names` for the whale names;
 - :mod:`tiny.analytics.charts`: the dashboard's charts, drawn in the pool as SVG (with
   :mod:`tiny.analytics.svg`) from the aggregates, and one whale's detail from its rows;
 - :mod:`tiny.analytics.cpu`: the pool processes' shared CPU quota (a cgroup).

@@ -2,22 +2,20 @@
 
 :func:`render` draws the ``traffic``, ``whales`` and ``hourly`` views from a day's aggregate
 (tiny.analytics.store, small data: 24 hours and N whales), 0-4 ms of CPU each;
-:func:`detail_job` draws one ip_id's downloads from the rows (tiny.analytics.compute,
-polars), the one view that reads them (its thousands of points one embedded image).
+:func:`detail_job` draws one ip_id's downloads from its rows (tiny.analytics.compute),
+the one view that reads them (its thousands of points one embedded image).
 Element ids name what the tests count.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tiny.analytics.compute import HOURS, DayFile, rows_of
+from tiny.analytics.compute import HOURS, DayFile, ranked, rows_of
 from tiny.analytics.names import whale_name
 from tiny.analytics.svg import Canvas, Marks, png, text_width, ticks
-
-if TYPE_CHECKING:  # imported in the pool process only: workers never load polars
-    import polars as pl
+from tiny.cranlog import Row
 
 VIEWS = ("traffic", "whales", "hourly", "detail")
 FROM_AGGREGATES = ("traffic", "whales", "hourly")  # the others read rows
@@ -257,11 +255,12 @@ def _render_heatmap(date: str, whales: list[dict[str, Any]]) -> bytes:
     return canvas.svg()
 
 
-def _clock(start: int) -> pl.Expr:
-    """Hours, minutes or seconds (at ``start``) of the HH:MM:SS time column, as integers."""
-    import polars as pl
-
-    return pl.col("time").str.slice(start, 2).cast(pl.Int64, strict=False)
+def _hours(time: str) -> float:
+    """An HH:MM:SS time as hours of the day (0.0 when it is not one)."""
+    try:
+        return (int(time[0:2]) * 3600 + int(time[3:5]) * 60 + int(time[6:8])) / 3600
+    except ValueError:
+        return 0.0
 
 
 _CLOCK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 180, 240, 360)  # minutes between the detail's time ticks
@@ -274,28 +273,26 @@ def _clock_ticks(first: float, last: float) -> list[float]:
     return [start + i * step for i in range(int((last - start) / step + 1e-9) + 1)]
 
 
-def render_detail(date: str, frame: pl.DataFrame, ip_id: int) -> bytes | None:
+def render_detail(date: str, rows: list[Row], ip_id: int) -> bytes | None:
     """One ip_id's downloads: time of day x package (its most downloaded packages by name)."""
-    import polars as pl
-
-    mine = frame.filter(pl.col("ip_id") == ip_id).drop_nulls("hour")
-    if mine.height == 0:
+    mine = [row for row in rows if row.ip_id == ip_id]
+    if not mine:
         return None
-    packages = mine["package"].fill_null("NA")
-    counts = packages.value_counts().sort(["count", "package"], descending=[True, False])
-    named = counts["package"].head(_DETAIL_PACKAGES).to_list()
-    more = counts.height - len(named)
+    packages = [row.package or "NA" for row in mine]
+    counts = ranked(packages)
+    named = [package for package, _ in counts[:_DETAIL_PACKAGES]]
+    more = len(counts) - len(named)
     # bottom to top: "other" last in the list read from the top, then packages by name
     order = ([f"({more} other packages)"] if more else []) + sorted(named, key=str.lower, reverse=True)
-    rows = {package: i for i, package in enumerate(order)}
-    x = mine.select((_clock(0) * 3600 + _clock(3) * 60 + _clock(6)) / 3600).to_series().fill_null(0.0).to_list()
-    y = [rows.get(p, 0) for p in packages.to_list()]
+    line_of = {package: i for i, package in enumerate(order)}
+    x = [_hours(row.time) for row in mine]
+    y = [line_of.get(p, 0) for p in packages]
     labels = [_short(package) for package in order]
     canvas = Canvas(9.0 * _PT, (1.2 + 0.2 * len(order)) * _PT)
     left = 12 + max(text_width(label, 8) for label in labels)
     box = _Box(left, 30, canvas.width - left - 12, canvas.height - 30 - 36)
     name = whale_name(date, ip_id)
-    title = f"{name} (ip_id {ip_id}), {date}: {mine.height:,} downloads of {counts.height:,} packages"
+    title = f"{name} (ip_id {ip_id}), {date}: {len(mine):,} downloads of {len(counts):,} packages"
     _title(canvas, min(box.left, 10.0), title)
     pad = max((max(x) - min(x)) * 0.03, 1 / 60)
     first, last = max(min(x) - pad, 0.0), min(max(x) + pad, float(HOURS))
@@ -339,6 +336,6 @@ def render(view: str, date: str, aggregate: dict[str, Any]) -> bytes:
 
 
 def detail_job(day: DayFile, ip_id: int) -> bytes | None:
-    """Pool job: the ``detail`` view of one ip_id (read from the rows, with polars); None when
+    """Pool job: the ``detail`` view of one ip_id (read from its rows); None when
     it has no downloads that day."""
     return render_detail(day.date, rows_of(day, ip_id), ip_id)

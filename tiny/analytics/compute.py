@@ -5,21 +5,16 @@ This runs in an analytics pool process (see :mod:`tiny.analytics.service`), neve
 worker serving HTTP, within the server's analytics CPU quota (tiny.analytics.cpu): the
 ``*_job`` functions are what the worker submits, and they return small, picklable results.
 
-Only that ip_id's rows are parsed: ip_id is a day file's last column, a bare integer, so each
+Only that ip_id's rows are read: ip_id is a day file's last column, a bare integer, so each
 of its rows ends with ``,<ip_id>`` and its LF, which a byte search finds (memchr speed: about
-10 ms for 10 MB, where parsing every row took 230 ms); those lines alone are parsed, then
-held to the ip_id again. A line that could not be read that way (hand-edited) is not one of
-its rows for the aggregates either. The pool process keeps the parsed rows of its last
-ip_ids and file versions, at most ``_ROWS_CACHE_BYTES``.
+10 ms for 10 MB); those lines alone are read, by the rule the aggregates count with
+(tiny.cranlog.read_row: a line that is not a row for them is not one here either), and held
+to the ip_id again. The pool process keeps the rows of its last ip_ids and file versions, at
+most ``_ROWS_CACHE_BYTES``.
 
 Reading a file that is being appended to: a job reads exactly the first ``size`` bytes (the
 stat its :class:`DayFile` came from) and ignores a last line without its LF (a write in
 progress).
-
-Engine: polars reads the day CSV with quote processing off (bare ``NA`` is missing, a quoted
-``"NA"`` stays the string NA, e.g. Namibia's country code) and unquotes the strings itself;
-a file whose strings hold commas falls back to the exact pure-Python parser
-(:func:`tiny.cranlog.parse_row`).
 """
 
 from __future__ import annotations
@@ -29,34 +24,31 @@ import os
 import signal
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from tiny.analytics.names import whale_name
-from tiny.layout import COLUMNS
-
-if TYPE_CHECKING:  # imported in the pool process only: workers never load polars
-    import polars as pl
+from tiny.cranlog import Row, read_row
 
 DEFAULT_TOP = 6
 MAX_TOP = 100  # whales a dashboard query may ask for (``top``)
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 100_000
 HOURS = 24
-_ROWS_CACHE_BYTES = 64 * 1024**2  # parsed rows of ip_ids a pool process keeps (the newest always)
+_ROWS_CACHE_BYTES = 64 * 1024**2  # rows of ip_ids a pool process keeps (the newest always)
+_ROW_WEIGHT = 4  # a Row weighs about 4x its line
 _PARENT_POLL_SECONDS = 1.0
-_STRING_COLUMNS = ("time", "package", "version", "country")
-_USED_COLUMNS = ("time", "size", "package", "version", "country", "ip_id")
 
-_frames: OrderedDict[tuple[str, int, int, int], Any] = OrderedDict()
+_rows: OrderedDict[tuple[str, int, int, int], list[Row]] = OrderedDict()
+_rows_bytes: dict[tuple[str, int, int, int], int] = {}
 
 
 def dumps(value: Any) -> bytes:
     """An answer as JSON bytes: orjson, or the stdlib's json when an integer is past orjson's
-    64-bit range (byte totals can be: sums are exact, 128-bit in polars)."""
+    64-bit range (byte totals can be: Python's sums are exact)."""
     try:
         return orjson.dumps(value)
     except orjson.JSONEncodeError:
@@ -77,10 +69,9 @@ class DayFile:
         return (self.size, self.mtime_ns)
 
 
-def pool_init(parent: int, threads: int) -> None:
+def pool_init(parent: int) -> None:
     """Runs first in each pool process (confined already: tiny.analytics.cpu.ConfinedContext):
-    threads, signals, the parent watch."""
-    os.environ["POLARS_MAX_THREADS"] = str(threads)  # read when polars is first imported
+    signals, the parent watch."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the worker decides
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="parent-watch").start()
 
@@ -99,55 +90,6 @@ def read_complete_lines(path: str, size: int) -> bytes:
     return data[: data.rfind(b"\n") + 1]
 
 
-def _schema() -> dict[str, Any]:
-    import polars as pl
-
-    types = {"size": pl.UInt64, "ip_id": pl.UInt64}
-    return {column: types.get(column, pl.String) for column in COLUMNS}
-
-
-def parse_fast(data: bytes) -> pl.DataFrame:
-    """Parse day-file bytes with polars, quote processing off (bare NA = null, "NA" = "NA").
-
-    Raises polars' ComputeError when a string holds a comma (the row has too many fields).
-    """
-    import polars as pl
-
-    frame = pl.read_csv(
-        data,
-        has_header=False,
-        skip_rows=1,
-        schema=_schema(),
-        quote_char=None,
-        null_values="NA",
-        columns=[COLUMNS.index(c) for c in _USED_COLUMNS],
-    )
-    unquote = [
-        pl.col(c).str.strip_prefix('"').str.strip_suffix('"').str.replace_all('""', '"', literal=True)
-        for c in _STRING_COLUMNS
-    ]
-    return frame.with_columns(unquote)
-
-
-def parse_exact(data: bytes) -> pl.DataFrame:
-    """Parse day-file bytes row by row with tiny.cranlog.parse_row (any valid CSV; slow)."""
-    import polars as pl
-
-    from tiny.cranlog import parse_row
-
-    columns: dict[str, list[Any]] = {c: [] for c in _USED_COLUMNS}
-    for line in data.decode("utf-8", "replace").split("\n")[1:]:
-        try:
-            row = parse_row(line)
-        except ValueError:
-            continue  # the empty string after the last LF, or a line that is not a row
-        if isinstance(row["size"], int) and isinstance(row["ip_id"], int):
-            for c in _USED_COLUMNS:
-                columns[c].append(row[c])
-    schema = _schema()
-    return pl.DataFrame(columns, schema={c: schema[c] for c in _USED_COLUMNS})
-
-
 def lines_of(data: bytes, ip_id: int, start: int = 0) -> bytes:
     """The lines of ``data[start:]`` (complete day-file lines from ``start``, a line's start)
     that end with ``,<ip_id>``: its rows."""
@@ -161,57 +103,50 @@ def lines_of(data: bytes, ip_id: int, start: int = 0) -> bytes:
     return b"".join(found)
 
 
-def rows_of(day: DayFile, ip_id: int) -> pl.DataFrame:
-    """The rows of ``ip_id`` in this version of the day file (cached), with an ``hour`` column."""
-    import polars as pl
-
+def rows_of(day: DayFile, ip_id: int) -> list[Row]:
+    """The rows of ``ip_id`` in this version of the day file, in file order (cached)."""
     key = (day.path, day.size, day.mtime_ns, ip_id)
-    frame = _frames.get(key)
-    if frame is not None:
-        _frames.move_to_end(key)
-        return frame
+    rows = _rows.get(key)
+    if rows is not None:
+        _rows.move_to_end(key)
+        return rows
     data = read_complete_lines(day.path, day.size)
-    first = data.find(b"\n") + 1  # the header: the parsers skip it
-    mine = data[:first] + lines_of(data, ip_id, first)
-    try:
-        frame = parse_fast(mine) if mine.count(b"\n") > 1 else parse_exact(mine)
-    except pl.exceptions.PolarsError:
-        frame = parse_exact(mine)
-    frame = frame.filter(pl.col("ip_id") == ip_id)
-    frame = frame.with_columns(hour=pl.col("time").str.slice(0, 2).cast(pl.Int32, strict=False))
-    _frames[key] = frame
-    while len(_frames) > 1 and sum(f.estimated_size() for f in _frames.values()) > _ROWS_CACHE_BYTES:
-        _frames.popitem(last=False)
-    return frame
+    mine = lines_of(data, ip_id, data.find(b"\n") + 1)  # after the header
+    lines = mine.decode("utf-8", "replace").split("\n")[:-1]
+    rows = [row for line in lines if (row := read_row(line)) is not None and row.ip_id == ip_id]
+    _rows[key] = rows
+    _rows_bytes[key] = len(mine) * _ROW_WEIGHT
+    while len(_rows) > 1 and sum(_rows_bytes.values()) > _ROWS_CACHE_BYTES:
+        dropped, _ = _rows.popitem(last=False)
+        del _rows_bytes[dropped]
+    return rows
 
 
-def _total(column: str) -> pl.Expr:
-    """The exact sum of a UInt64 column: 128-bit, where a 64-bit sum wraps (2 x (2^64-1) = 2^64-2)."""
-    import polars as pl
-
-    return pl.col(column).cast(pl.Int128).sum()
+def ranked(values: list[str]) -> list[tuple[str, int]]:
+    """``(value, count)`` of each distinct value, most frequent first, ties alphabetical."""
+    return sorted(Counter(values).items(), key=lambda item: (-item[1], item[0]))
 
 
-def whale_downloads(frame: pl.DataFrame, date: str, ip_id: int, limit: int) -> dict[str, Any] | None:
+def whale_downloads(rows: list[Row], date: str, ip_id: int, limit: int) -> dict[str, Any] | None:
     """One ip_id's downloads in time order (file order within a second), the first ``limit``."""
-    import polars as pl
-
-    mine = frame.filter(pl.col("ip_id") == ip_id)
-    if mine.height == 0:
+    if not rows:
         return None
-    ordered = mine.sort("time", maintain_order=True)
-    countries = mine["country"].drop_nulls().value_counts().sort(["count", "country"], descending=[True, False])
+    ordered = sorted(rows, key=lambda row: row.time)  # stable: file order within a second
+    countries = ranked([row.country for row in rows if row.country is not None])
     return {
         "date": date,
         "ip_id": ip_id,
         "name": whale_name(date, ip_id),
-        "country": countries["country"][0] if countries.height else None,
-        "total": mine.height,
-        "bytes": int(mine.select(_total("size")).item() or 0),
-        "packages": mine["package"].n_unique(),
+        "country": countries[0][0] if countries else None,
+        "total": len(rows),
+        "bytes": sum(row.size for row in rows),
+        "packages": len({row.package for row in rows}),
         "limit": limit,
-        "truncated": mine.height > limit,
-        "downloads": ordered.head(limit).select("time", "package", "version", "size").to_dicts(),
+        "truncated": len(rows) > limit,
+        "downloads": [
+            {"time": row.time, "package": row.package, "version": row.version, "size": row.size}
+            for row in ordered[:limit]
+        ],
     }
 
 

@@ -5,15 +5,15 @@ processes started with "spawn" (nothing of the worker's event loop, sockets or l
 inherited), one pool per lane: ANSWERS, the answers from the live aggregates (tiny.live,
 through :meth:`Analytics.call`: milliseconds) and the charts drawn from them (a
 millisecond), started with the worker (:meth:`Analytics.start`); and ROWS, the queries that
-read a day's rows with polars (one ip_id's downloads, the ``detail`` chart: the methods
-here; up to seconds), started on first use; so that the first never wait behind the second.
+read a day's rows (one ip_id's downloads, the ``detail`` chart: the methods here; up to
+seconds on a big day), started on first use; so that the first never wait behind the second.
 The worker only stats files and awaits small results (JSON or SVG bytes), so a query never
 blocks the event loop that serves ``/ingest``.
 
 CPU: the pool processes of every worker of a server share one cgroup quota of
 ``--analytics-cpu`` CPUs where one can be made (tiny.analytics.cpu), and run at
-``--analytics-nice`` (default SCHED_IDLE) within it, polars on ``--analytics-threads``
-threads; each one exits when its worker process is gone. Concurrency: at most
+``--analytics-nice`` (default SCHED_IDLE) within it; each one exits when its worker process
+is gone. Concurrency: at most
 ``--analytics-max-queued`` distinct computations wait per worker, and at most
 ``limits.ANALYTICS_ROW_QUERIES`` distinct day files' rows are read: past either a query is refused at once
 (:class:`Busy`, a 503 that says which) rather than queued without bound.
@@ -32,7 +32,6 @@ import asyncio
 import concurrent.futures
 import functools
 import gc
-import importlib.util
 import logging
 import os
 import weakref
@@ -62,10 +61,6 @@ class DayNotFound(LookupError):
 
 class WhaleNotFound(LookupError):
     """The ip_id downloaded nothing on that day (answered 404)."""
-
-
-class Missing(RuntimeError):
-    """polars, which the query needs, is not installed (the ingest-only image): 501."""
 
 
 class Busy(RuntimeError):
@@ -150,7 +145,7 @@ class Analytics:
     """The analytics pool of one worker process, and the queries that read a day's rows.
 
     The dashboard's other answers come from the aggregates (tiny.live, tiny.analytics.store),
-    run in this pool through :meth:`call`. The queries here read rows with polars: one ip_id's
+    run in this pool through :meth:`call`. The queries here read rows: one ip_id's
     downloads and the ``detail`` chart. Each stats the day file (DayNotFound if absent) and
     answers from the cache when that version was computed already. At most ``row_queries``
     distinct ones run at once in a worker: more get :class:`Busy` at once, saying so, like
@@ -162,7 +157,6 @@ class Analytics:
         data_dir: Path,
         *,
         processes: int = 1,
-        threads: int = 1,
         nice: str = "idle",
         max_queued: int = limits.ANALYTICS_MAX_QUEUED,
         cache_bytes: int = limits.ANALYTICS_CACHE_BYTES,
@@ -170,7 +164,6 @@ class Analytics:
     ) -> None:
         self.data_dir = Path(data_dir)
         self.processes = processes
-        self.threads = threads
         self.nice = nice
         self.max_queued = max_queued
         self.row_queries = row_queries
@@ -179,9 +172,6 @@ class Analytics:
         self._cache = _Cache(cache_bytes)
         self._pending: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
         self._reading_rows: dict[tuple[Any, ...], tuple[str, tuple[int, int]]] = {}  # pending key -> its day
-        # Without them (`pip install .` without the analytics extra, the ingest image), the
-        # queries that need them are Missing: answered in the JSON shape, not a 500 from the pool.
-        self.installed = {name: importlib.util.find_spec(name) is not None for name in ("polars",)}
 
     @classmethod
     def from_config(cls, config: Config) -> Analytics:
@@ -189,22 +179,14 @@ class Analytics:
         return cls(
             config.data_dir,
             processes=config.analytics_processes,
-            threads=config.analytics_threads,
             nice=config.analytics_nice,
             max_queued=config.analytics_max_queued,
             cache_bytes=config.analytics_cache_bytes,
         )
 
-    def need(self, *modules: str) -> None:
-        """Missing unless ``modules`` are installed."""
-        absent = [name for name in modules if not self.installed[name]]
-        if absent:
-            raise Missing(f"{' and '.join(absent)} {'is' if len(absent) == 1 else 'are'} not installed here")
-
     async def downloads(self, date: str, ip_id: int, limit: int) -> bytes:
         """One ip_id's downloads of the day in time order (the first ``limit``), as the JSON
         answer (serialised in the pool); WhaleNotFound if none."""
-        self.need("polars")
         day = stat_day(self.data_dir, date)
         result = await self._rows(day, ("downloads", ip_id, limit), compute.downloads_job, day, ip_id, limit)
         if result is None:
@@ -213,7 +195,6 @@ class Analytics:
 
     async def detail(self, date: str, ip_id: int) -> bytes:
         """The ``detail`` chart of one ip_id's downloads (SVG); WhaleNotFound if none."""
-        self.need("polars")
         day = stat_day(self.data_dir, date)
         svg = await self._rows(day, ("detail", ip_id), charts.detail_job, day, ip_id)
         if svg is None:
@@ -228,8 +209,9 @@ class Analytics:
     def start(self, warm: Callable[[], None]) -> None:
         """Start the ANSWERS lane's processes now, each running ``warm`` (its imports): the
         first query then neither waits for a process to start nor stalls the event loop while
-        the pool is made (21-33 ms once). The ROWS lane, which imports polars, starts on its
-        first query. A failure is logged; the next query starts the pool again."""
+        the pool is made (21-33 ms once). The ROWS lane starts on its first query (a new
+        interpreter, 0.03-0.05 CPU-s: a server nobody asks for rows runs no process for them).
+        A failure is logged; the next query starts the pool again."""
         try:
             pool = self._executor(ANSWERS)
             for _ in range(self.processes):
@@ -263,13 +245,12 @@ class Analytics:
                 max_workers=self.processes,
                 mp_context=cpu.ConfinedContext(cpu.CGROUP, lane, self.nice),
                 initializer=compute.pool_init,
-                initargs=(os.getpid(), self.threads),
+                initargs=(os.getpid(),),
             )
             log.info(
-                "analytics pool (%s) started: %d process(es), %d polars thread(s), nice %s",
+                "analytics pool (%s) started: %d process(es), nice %s",
                 lane,
                 self.processes,
-                self.threads,
                 self.nice,
             )
         return pool

@@ -3,7 +3,7 @@
 The days, summaries, whales and the ``traffic``, ``whales`` and ``hourly`` charts are
 answered from the live aggregate store (tiny.live, tiny.analytics.store: an index read of a
 day's aggregates, the charts written as SVG from them and kept per version); one ip_id's downloads
-and the ``detail`` chart read the day's rows with polars (tiny.analytics.service, bounded
+and the ``detail`` chart read that ip_id's rows of the day file (tiny.analytics.service, bounded
 in CPU and concurrency). Both run in the worker's analytics pool: these requests never hold
 up ``/ingest`` on the same event loop. Like every answer from the aggregates, an answer
 given after a POST's 200 counts that POST's rows.
@@ -14,8 +14,6 @@ sends it.
 
 Errors use the JSON shape of tiny.handlers.base: 400 bad date / ``top`` / ``limit`` /
 ``ip_id``, 401 token, 404 no such day (or ip_id on that day, or chart), 405 other methods,
-501 when polars (the row queries: one ip_id's downloads, the ``detail`` chart) is not
-installed (the ingest-only image, where the answers and charts from the aggregates work),
 503 + Retry-After when too many analytics queries are queued, a query that reads rows is already running in this
 process, the data dir's lock or the store is busy, the analytics process died (it is
 restarted on the next query) or the server is shutting down.
@@ -41,14 +39,6 @@ T = TypeVar("T")
 DEFAULT_DAYS_PAGE = 100
 MAX_DAYS_PAGE = 1000
 DATE = r"([^/]+)"  # anything up to the next slash in a URL pattern: a malformed date gets a 400, not a 404
-
-
-def _not_installed(exc: service.Missing) -> APIError:
-    return APIError(
-        501,
-        f"this server cannot answer that: {exc} "
-        "(use the analytics image, or pip install 'tiny-data-server[analytics]')",
-    )
 
 
 class AnalyticsHandler(JSONHandler):
@@ -103,8 +93,6 @@ class AnalyticsHandler(JSONHandler):
             raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}) from None
         except sqlite3.OperationalError as exc:  # the store's write lock held too long (a rebuild)
             raise APIError(503, f"the aggregate store is busy ({exc}); try again", {"Retry-After": "5"}) from None
-        except service.Missing as exc:
-            raise _not_installed(exc) from None
 
     async def aggregated(self, query: tuple[Any, ...], day: str) -> bytes:
         """The answer to a dashboard query from the live aggregates of ``day`` (JSON or SVG);
