@@ -71,9 +71,9 @@ def read_row(line: str) -> Row | None:
     """
     fields = line.split(",")
     if len(fields) == 10 and '""' not in line:
-        time_, size, package, version, country, ip_id = (fields[i] for i in (1, 2, 6, 7, 8, 9))
+        time_, package, version, country = fields[1], fields[6], fields[7], fields[8]
         try:
-            hour, nbytes, ip = int(time_[1:3]), int(size), int(ip_id)
+            hour, nbytes, ip = int(time_[1:3]), int(fields[2]), int(fields[9])
         except ValueError:
             return None
         if not (0 <= hour < 24 and 0 <= nbytes < _U64 and 0 < ip < _U64):
