@@ -43,6 +43,7 @@ class Config:
     analytics_cpu: float = limits.ANALYTICS_CPU
     analytics_max_queued: int = limits.ANALYTICS_MAX_QUEUED
     analytics_cache_bytes: int = limits.ANALYTICS_CACHE_BYTES
+    read_rate: float = limits.READ_RATE
     idempotency_window: float = limits.IDEMPOTENCY_WINDOW
     idempotency_max_keys: int = limits.IDEMPOTENCY_MAX_KEYS
     journal_mode: str = "wal"
@@ -183,6 +184,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _rate(text: str) -> float:
+    """A number per second, 0 or more (0: no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a number per second, e.g. 2.5") from None
+    if not 0 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError("must be from 0 to 1000000")
+    return value
+
+
 # (flag, type, help); the default comes from Config, the environment overrides it. A flag
 # without help is for the tests only and stays out of --help.
 _FLAGS: list[tuple[str, object, str | None]] = [
@@ -220,6 +232,12 @@ _FLAGS: list[tuple[str, object, str | None]] = [
     ),
     ("analytics_max_queued", _positive_int, "distinct analytics computations queued per worker before 503"),
     ("analytics_cache_bytes", _positive_size, "analytics results cached per worker, in bytes (or 64MiB)"),
+    (
+        "read_rate",
+        _rate,
+        "reads (/api, /downloads, /top, /trending, /badges) a worker process starts per second while ingest "
+        "requests are in flight in it; the rest wait their turn (up to 10 s, then 503); 0 = no pacing",
+    ),
     ("idempotency_window", _seconds, "seconds an Idempotency-Key is kept at least (a retry within it writes nothing)"),
     ("idempotency_max_keys", _max_keys, "Idempotency-Keys kept at most; past it the oldest go first"),
     (

@@ -49,3 +49,5 @@ ANALYTICS_CPU = 0.1  # --analytics-cpu: CPUs of all analytics pool processes of 
 ANALYTICS_ROW_QUERIES = 1  # day files whose rows are read at once per worker; another gets 503
 ANALYTICS_MAX_QUEUED = 32  # --analytics-max-queued
 ANALYTICS_CACHE_BYTES = 64 * MiB  # --analytics-cache-bytes
+READ_RATE = 2.0  # --read-rate: reads a worker starts per second while ingest requests are in flight in it
+READ_WAIT = 10.0  # seconds a paced read waits for its turn at most; further away: 503 at once

@@ -93,6 +93,12 @@ class Metrics:
             registry=None,
             multiprocess_mode="max",
         )
+        self.paced = Counter(
+            "tiny_paced_reads",
+            "Reads paced while ingest was busy (tiny.pacing), by outcome: waited for their turn, or refused (503)",
+            ["outcome"],
+            registry=None,
+        )
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self.valid = self.records.labels("valid")
         self.invalid = self.records.labels("invalid")

@@ -38,6 +38,7 @@ from tiny.httpserver import TinyHTTPServer
 from tiny.journal import Journal, JournalError
 from tiny.live import Live, warm_job
 from tiny.metrics import Metrics
+from tiny.pacing import ReadPacer
 from tiny.routes import make_app
 from tiny.sink import DailyFileSink
 
@@ -106,13 +107,15 @@ def make_deps(config: Config, port: int) -> Deps:
     except JournalError as exc:
         log.error("the journal cannot be used (every write gets 503 until it can): %s", exc)
     analytics = Analytics.from_config(config)
+    drain = Drain()
     return Deps(
         config=config,
         metrics=metrics,
         sink=sink,
         analytics=analytics,
         live=Live(config.data_dir, sink, analytics),
-        drain=Drain(),
+        drain=drain,
+        pacer=ReadPacer(config.read_rate, lambda: drain.in_flight > 0, limits.READ_WAIT),
         rules=IngestRules(config.max_body, config.token),
         instance=instance_name(port),
         started=time.monotonic(),

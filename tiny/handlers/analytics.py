@@ -46,10 +46,11 @@ class AnalyticsHandler(JSONHandler):
 
     name = "api"
 
-    def prepare(self) -> None:
+    async def prepare(self) -> None:
         super().prepare()
         self.check_token()
         self.set_header("Cache-Control", "no-cache")  # a day file may grow at any time
+        await self.pace()
 
     def compute_etag(self) -> None:
         # Tornado hashes every GET answer (SHA-1, on the event loop) for an Etag: for one

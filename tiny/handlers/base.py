@@ -7,10 +7,13 @@ is decided in one place, :meth:`JSONHandler.finish`.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
+import math
 import os
 import socket
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +24,7 @@ from tiny.config import Config
 from tiny.drain import Drain
 from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
 from tiny.metrics import Metrics
+from tiny.pacing import Paced, ReadPacer
 from tiny.sink import DailyFileSink
 
 if TYPE_CHECKING:
@@ -41,6 +45,7 @@ class Deps:
     analytics: Analytics
     live: Live  # answers from the live aggregates: the downloads API and the dashboard (tiny.live)
     drain: Drain
+    pacer: ReadPacer  # the reads' pace while ingest is busy (tiny.pacing)
     rules: IngestRules  # the request rules of /ingest (tiny.handlers.rules)
     instance: str  # ``<hostname>:<port>/<pid>``
     started: float  # time.monotonic() when the worker started
@@ -84,8 +89,9 @@ class JSONHandler(web.RequestHandler):
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json")
 
-    def prepare(self) -> None:
+    def prepare(self) -> Awaitable[None] | None:  # a subclass's may be a coroutine (Tornado awaits it)
         self.check_headers()
+        return None
 
     def check_headers(self) -> None:
         """431 for more than MAX_HEADERS headers or MAX_HEADER_BYTES of them (tiny.limits;
@@ -99,6 +105,20 @@ class JSONHandler(web.RequestHandler):
     def check_token(self) -> None:
         """401 unless the request carries ``Authorization: Bearer <token>`` (when one is set)."""
         check_token(self.config.token, self.request.headers.get("Authorization", ""))
+
+    async def pace(self) -> None:
+        """Wait for this read's turn while ingest is busy (tiny.pacing); 503 + Retry-After when
+        it is more than the pacer's ``max_wait`` away."""
+        pacer = self.deps.pacer
+        try:
+            wait = pacer.reserve()
+        except Paced as exc:
+            self.deps.metrics.paced.labels("refused").inc()
+            retry = max(1, math.ceil(exc.wait - pacer.max_wait))
+            raise APIError(503, f"{exc}; try again", {"Retry-After": str(retry)}) from None
+        if wait > 0:
+            self.deps.metrics.paced.labels("waited").inc()
+            await asyncio.sleep(wait)
 
     def body_read(self) -> bool:
         """Whether the whole request body has been read (always, unless the handler streams it)."""

@@ -36,10 +36,11 @@ class DownloadsBase(JSONHandler):
     name = "downloads"
     cache_control = "no-cache"
 
-    def prepare(self) -> None:
+    async def prepare(self) -> None:
         super().prepare()
         if not self.config.public_downloads:
             self.check_token()
+        await self.pace()
 
     def compute_etag(self) -> None:
         return None  # ours comes with the answer (tiny.live.Answer.etag)
