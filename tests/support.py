@@ -288,12 +288,14 @@ def post_until_200(port: int, body: bytes, headers: dict[str, str], deadline: fl
     attempts = 0
     while time.monotonic() < deadline:
         attempts += 1
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            conn.request("POST", "/ingest", body, headers)
-            response = conn.getresponse()
-            response.read()
-            conn.close()
+            try:
+                conn.request("POST", "/ingest", body, headers)
+                response = conn.getresponse()
+                response.read()
+            finally:
+                conn.close()  # also when the server died mid-answer: no socket left to the collector
             if response.status == 200:
                 return attempts
             assert response.status in (502, 503), response.status
