@@ -125,15 +125,20 @@ def _niceness(text: str) -> str:
     return text
 
 
-def _cpus(text: str) -> float:
-    """A number of CPUs, 0 or more (0.25: a quarter of one)."""
+def _number(text: str, highest: float, what: str) -> float:
+    """A number from 0 to ``highest``; ``what`` names it in the error (and gives an example)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError("must be a number of CPUs, e.g. 0.25") from None
-    if not 0 <= value <= 1024:
-        raise argparse.ArgumentTypeError("must be from 0 to 1024")
+        raise argparse.ArgumentTypeError(f"must be {what}") from None
+    if not 0 <= value <= highest:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {highest:.10g}")
     return value
+
+
+def _cpus(text: str) -> float:
+    """A number of CPUs, 0 or more (0.25: a quarter of one)."""
+    return _number(text, 1024, "a number of CPUs, e.g. 0.25")
 
 
 def _journal_mode(text: str) -> str:
@@ -186,13 +191,7 @@ def _seconds(text: str) -> float:
 
 def _rate(text: str) -> float:
     """A number per second, 0 or more (0: no limit)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("must be a number per second, e.g. 2.5") from None
-    if not 0 <= value <= 1_000_000:
-        raise argparse.ArgumentTypeError("must be from 0 to 1000000")
-    return value
+    return _number(text, 1_000_000, "a number per second, e.g. 2.5")
 
 
 # (flag, type, help); the default comes from Config, the environment overrides it. A flag

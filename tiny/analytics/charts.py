@@ -273,9 +273,9 @@ def _clock_ticks(first: float, last: float) -> list[float]:
     return [start + i * step for i in range(int((last - start) / step + 1e-9) + 1)]
 
 
-def render_detail(date: str, rows: list[Row], ip_id: int) -> bytes | None:
-    """One ip_id's downloads: time of day x package (its most downloaded packages by name)."""
-    mine = [row for row in rows if row.ip_id == ip_id]
+def render_detail(date: str, mine: list[Row], ip_id: int) -> bytes | None:
+    """One ip_id's downloads (its rows: tiny.analytics.compute.rows_of): time of day x package
+    (its most downloaded packages by name)."""
     if not mine:
         return None
     packages = [row.package or "NA" for row in mine]

@@ -42,8 +42,8 @@ _ROWS_CACHE_BYTES = 64 * 1024**2  # rows of ip_ids a pool process keeps (the new
 _ROW_WEIGHT = 4  # a Row weighs about 4x its line
 _PARENT_POLL_SECONDS = 1.0
 
-_rows: OrderedDict[tuple[str, int, int, int], list[Row]] = OrderedDict()
-_rows_bytes: dict[tuple[str, int, int, int], int] = {}
+_rows: OrderedDict[tuple[str, int, int, int], tuple[list[Row], int]] = OrderedDict()  # key -> (rows, weight)
+_rows_held = [0]  # the weights of _rows, summed
 
 
 def dumps(value: Any) -> bytes:
@@ -106,19 +106,19 @@ def lines_of(data: bytes, ip_id: int, start: int = 0) -> bytes:
 def rows_of(day: DayFile, ip_id: int) -> list[Row]:
     """The rows of ``ip_id`` in this version of the day file, in file order (cached)."""
     key = (day.path, day.size, day.mtime_ns, ip_id)
-    rows = _rows.get(key)
-    if rows is not None:
+    held = _rows.get(key)
+    if held is not None:
         _rows.move_to_end(key)
-        return rows
+        return held[0]
     data = read_complete_lines(day.path, day.size)
     mine = lines_of(data, ip_id, data.find(b"\n") + 1)  # after the header
     lines = mine.decode("utf-8", "replace").split("\n")[:-1]
     rows = [row for line in lines if (row := read_row(line)) is not None and row.ip_id == ip_id]
-    _rows[key] = rows
-    _rows_bytes[key] = len(mine) * _ROW_WEIGHT
-    while len(_rows) > 1 and sum(_rows_bytes.values()) > _ROWS_CACHE_BYTES:
-        dropped, _ = _rows.popitem(last=False)
-        del _rows_bytes[dropped]
+    _rows[key] = (rows, len(mine) * _ROW_WEIGHT)
+    _rows_held[0] += len(mine) * _ROW_WEIGHT
+    while len(_rows) > 1 and _rows_held[0] > _ROWS_CACHE_BYTES:
+        _, (_, weight) = _rows.popitem(last=False)
+        _rows_held[0] -= weight
     return rows
 
 

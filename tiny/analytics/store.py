@@ -3,9 +3,8 @@
 Functions of an :class:`tiny.aggregates.Aggregates` store, run in the analytics pool after
 the day was folded up to its committed size (tiny.live.fold_job). Each reads a
 day's few aggregate rows through an index: the top N whales are an index range of
-``ips_by_downloads``, their hours and countries N small lookups. The results have the shape
-tiny.analytics.compute.aggregate_frame gives from the rows (the tests hold both to the same
-independent count). The ``traffic``, ``whales`` and ``hourly`` charts are drawn from
+``ips_by_downloads``, their hours and countries N small lookups (the tests hold the results to
+an independent count of the rows). The ``traffic``, ``whales`` and ``hourly`` charts are drawn from
 :func:`day_aggregate`'s result in the same job (tiny.analytics.charts: milliseconds).
 """
 
