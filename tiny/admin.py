@@ -152,7 +152,9 @@ def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
         journal.close()
     store = Aggregates(data_dir, busy_timeout=600.0)
     try:
-        return store.rebuild(sizes)
+        rows = store.rebuild(sizes)
+        store.sync()  # on disk before the command returns: the next boot keeps it
+        return rows
     finally:
         store.close()
 

@@ -1,7 +1,8 @@
 """The live aggregates of the day files: downloads per day, package, hour and ip_id, kept as rows arrive.
 
 The day files stay the source of truth; this is a summary of them that any process can bring
-up to date and read, in ``DATA_DIR/.tiny/aggregates.sqlite3`` (SQLite, WAL). For each day file
+up to date and read, in ``DATA_DIR/.tiny/aggregates.sqlite3`` (SQLite, WAL, written without
+fsync and trusted only by the boot that wrote it or after a sync: tiny.unsynced). For each day file
 it records how many of its bytes are folded in (``files.consumed``, with the file's inode), and
 per day: downloads and bytes per package, per hour, per ip_id (with its downloads per hour and
 per country). :meth:`Aggregates.fold` reads only the bytes appended since, complete lines only,
@@ -28,16 +29,17 @@ a fold; BENCHMARKS.md "Analytics beside ingest").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from tiny import codec, layout
+from tiny import codec, layout, unsynced
 from tiny.cranlog import read_row
 from tiny.layout import HEADER
 from tiny.transaction import immediate
@@ -172,22 +174,26 @@ class Aggregates:
     def __init__(self, data_dir: Path, busy_timeout: float = 10.0) -> None:
         self.data_dir = Path(data_dir)
         self.busy_timeout = busy_timeout  # seconds to wait for another process's transaction
+        self.path = aggregates_path(self.data_dir)
+        self.marker = unsynced.Marker(self.path)
         self._db: sqlite3.Connection | None = None
+        self._inode = -1  # the store file's, when this connection opened it
 
     @property
     def db(self) -> sqlite3.Connection:
         if self._db is None:
-            path = aggregates_path(self.data_dir)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            uri = f"file:{quote(str(path))}?mode=rwc"
-            db = sqlite3.connect(
-                uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout
-            )
-            try:
-                _set_up(db, time.monotonic() + self.busy_timeout)
-            except BaseException:
-                db.close()
-                raise
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            uri = f"file:{quote(str(self.path))}?mode=rwc"
+            with self.marker.admit(self.busy_timeout):
+                db = sqlite3.connect(
+                    uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout
+                )
+                try:
+                    _set_up(db, self.marker, time.monotonic() + self.busy_timeout)
+                    self._inode = os.stat(self.path).st_ino
+                except BaseException:
+                    db.close()
+                    raise
             self._db = db
         return self._db
 
@@ -195,6 +201,40 @@ class Aggregates:
         if self._db is not None:
             self._db.close()
             self._db = None
+
+    def sync(self) -> bool:
+        """Put every write of the store on disk and mark it so (tiny.unsynced): for a graceful
+        stop, so that the next boot trusts the store instead of counting the days again. False
+        (nothing done) when there is no store, or another process kept its write lock longer
+        than the busy timeout."""
+        if not self.path.exists():
+            return False
+        try:
+            with immediate(self.db):  # no write meanwhile; nothing is written by this one
+                unsynced.fsync_files(self.path)
+                self.marker.mark_synced()
+        except sqlite3.OperationalError:
+            return False
+        return True
+
+    def _reopen_if_replaced(self) -> None:
+        """Open the store again if its file is no longer the one this connection has (deleted
+        by an operator, or as untrusted by another process: tiny.unsynced.Marker.admit)."""
+        if self._db is not None:
+            try:
+                replaced = os.stat(self.path).st_ino != self._inode
+            except FileNotFoundError:
+                replaced = True
+            if replaced:
+                self.close()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write transaction (tiny.transaction.immediate) whose first step marks the store
+        written under this boot (tiny.unsynced)."""
+        with immediate(self.db):
+            self.marker.before_write()
+            yield
 
     def fold(
         self, sizes: Mapping[str, int], within: tuple[str, str] | None = None, deadline: float | None = None
@@ -206,18 +246,19 @@ class Aggregates:
         forgotten: its file was removed. Past ``deadline`` (time.monotonic()), between two
         blocks, :class:`Behind` (what was folded stays: the next fold goes on from there)."""
         folded = 0
+        self._reopen_if_replaced()
         if within is not None:
             stored = self.db.execute("SELECT day FROM files WHERE day BETWEEN ? AND ?", within).fetchall()
             for (day,) in stored:
                 if day not in sizes:
-                    with immediate(self.db):
+                    with self._writing():
                         self._forget(day)
         for day, size in sizes.items():
             row = self.db.execute("SELECT inode, consumed FROM files WHERE day = ?", (day,)).fetchone()
             if row is not None and row[1] >= size and row[0] == _inode(self.data_dir, day):
                 continue  # up to date: an indexed read and a stat
             while True:
-                with immediate(self.db):
+                with self._writing():
                     rows = self._fold_block(day, size)
                 if rows is None:
                     break
@@ -232,7 +273,8 @@ class Aggregates:
         transaction: readers see the old counts until the new ones are complete; other
         folds wait (up to the connection's timeout) meanwhile. Returns the rows folded."""
         folded = 0
-        with immediate(self.db):
+        self._reopen_if_replaced()
+        with self._writing():
             for table in ("files", *_PER_DAY):
                 self.db.execute(f"DELETE FROM {table}")
             for day, size in sorted(sizes.items()):
@@ -306,19 +348,20 @@ class Aggregates:
             self.db.execute(f"DELETE FROM {table} WHERE day = ?", (day,))
 
 
-def _set_up(db: sqlite3.Connection, deadline: float) -> None:
-    """WAL mode and the tables of _VERSION (a store of another version, or an older one
-    without a version, is emptied: counted again from the files by the next folds). SQLite
-    answers "locked" at once, without its busy wait, to a change of journal mode while
-    another process opens the same new file: tried again until ``deadline`` (every step can
-    be repeated)."""
+def _set_up(db: sqlite3.Connection, marker: unsynced.Marker, deadline: float) -> None:
+    """WAL mode, no fsync (tiny.unsynced; with no boot id to mark, synchronous=NORMAL), and
+    the tables of _VERSION (a store of another version, or an older one without a version,
+    is emptied: counted again from the files by the next folds). SQLite answers "locked" at
+    once, without its busy wait, to a change of journal mode while another process opens the
+    same new file: tried again until ``deadline`` (every step can be repeated)."""
     while True:
         try:
             if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                marker.before_write()
                 db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(f"PRAGMA synchronous={'NORMAL' if unsynced.BOOT is None else 'OFF'}")
             if db.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
-                _create(db)
+                _create(db, marker)
             return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() > deadline:
@@ -326,10 +369,11 @@ def _set_up(db: sqlite3.Connection, deadline: float) -> None:
             time.sleep(0.01)
 
 
-def _create(db: sqlite3.Connection) -> None:
+def _create(db: sqlite3.Connection, marker: unsynced.Marker) -> None:
     """The tables of _VERSION in place of whatever is there, in one transaction (DDL is
     transactional in SQLite: a second process doing the same waits, then finds it done)."""
     with immediate(db):
+        marker.before_write()
         if db.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
             for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
                 db.execute(f'DROP TABLE "{table}"')

@@ -24,9 +24,12 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import time
+from pathlib import Path
 
 from tiny import codec, descriptors, layout, limits
+from tiny.aggregates import Aggregates
 from tiny.analytics.service import Analytics
 from tiny.config import Config
 from tiny.drain import Drain
@@ -45,6 +48,7 @@ from tiny.sink import DailyFileSink
 log = logging.getLogger("tiny.worker")
 _PARENT_POLL_SECONDS = 0.5
 _STUCK = -1  # _serve's code when the sink thread hung in a flush
+_SYNC_WAIT = 2.0  # seconds a stopping worker waits for the aggregate store's write lock
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -180,7 +184,8 @@ async def _serve(
         log.warning("%d requests still in flight after %.1f s; closing them", left, config.drain_timeout)
     failures = sink.failures
     written = await sink.close(max(1.0, config.drain_timeout - (time.monotonic() - started)))
-    deps.analytics.close()
+    deps.analytics.close()  # its pool processes are gone: this worker writes the store no more
+    await _sync_store(config.data_dir)
     _reap_resource_tracker()
     try:
         await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
@@ -206,6 +211,19 @@ async def _serve(
         return 1
     log.info("worker %s stopped after %.2f s of draining", deps.instance, took)
     return 0
+
+
+async def _sync_store(data_dir: Path) -> None:
+    """The aggregate store on disk and marked so (tiny.unsynced), so that the next boot keeps
+    it instead of counting the day files again; at most a few seconds, on a thread."""
+    store = Aggregates(data_dir, busy_timeout=_SYNC_WAIT)
+    try:
+        if not await asyncio.to_thread(store.sync) and store.path.exists():
+            log.warning("the aggregate store was busy for %.0f s: left unsynced (a reboot counts it again)", _SYNC_WAIT)
+    except (OSError, sqlite3.Error, TimeoutError) as exc:
+        log.warning("the aggregate store could not be synced: %s (a reboot counts it again)", exc)
+    finally:
+        store.close()
 
 
 async def _beat(heartbeats: Heartbeats, index: int, sink: DailyFileSink) -> None:
