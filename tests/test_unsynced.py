@@ -20,7 +20,7 @@ import pytest
 
 from tests.support import Server, record
 from tiny import unsynced
-from tiny.aggregates import Aggregates, aggregates_path
+from tiny.aggregates import Aggregates, Unavailable, aggregates_path
 from tiny.layout import HEADER
 
 DAY = "2014-05-04"
@@ -203,3 +203,23 @@ def test_a_server_killed_then_restarted_after_a_reboot_counts_exactly(tmp_path: 
     with Server(data, "--public-downloads") as server:
         assert total(server, "tiny") == 30
         assert "deleted, the day files are counted again" in server.log()
+
+
+def test_a_store_whose_marker_cannot_be_written_is_unavailable(tmp_path: Path) -> None:
+    write_day(tmp_path, COUNTS)
+    unsynced.Marker(aggregates_path(tmp_path)).path.mkdir(parents=True)  # a wrong file in its place
+    with pytest.raises(Unavailable, match="aggregate store is unavailable"):
+        Aggregates(tmp_path).fold(sizes_of(tmp_path))
+
+
+def test_a_query_the_store_cannot_answer_gets_a_json_503(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with Server(data, "--public-downloads") as server:
+        post(server, "tiny", 3)
+        unsynced.Marker(aggregates_path(data)).path.mkdir(parents=True)
+        response = server.request("GET", f"/downloads/total/{DAY}/tiny")
+        assert response.status == 503, response.body
+        assert "aggregate store is unavailable" in response.json()["error"]["message"]
+        assert response.headers["retry-after"]
+        unsynced.Marker(aggregates_path(data)).path.rmdir()
+        assert total(server, "tiny") == 3

@@ -104,6 +104,14 @@ class Behind(RuntimeError):
         return f"the aggregates of {self.day} are catching up ({self.left / 1e6:.1f} MB of it left to count)"
 
 
+class Unavailable(RuntimeError):
+    """The store could not be opened or marked (tiny.unsynced): its lock held past the busy
+    timeout, or its marker not writable (a full disk, a wrong file in its place)."""
+
+    def __str__(self) -> str:
+        return f"the aggregate store is unavailable ({self.args[0]})"
+
+
 def aggregates_path(data_dir: Path) -> Path:
     return layout.state_dir(data_dir) / "aggregates.sqlite3"
 
@@ -184,16 +192,19 @@ class Aggregates:
         if self._db is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             uri = f"file:{quote(str(self.path))}?mode=rwc"
-            with self.marker.admit(self.busy_timeout):
-                db = sqlite3.connect(
-                    uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout
-                )
-                try:
-                    _set_up(db, self.marker, time.monotonic() + self.busy_timeout)
-                    self._inode = os.stat(self.path).st_ino
-                except BaseException:
-                    db.close()
-                    raise
+            try:
+                with self.marker.admit(self.busy_timeout):
+                    db = sqlite3.connect(
+                        uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout
+                    )
+                    try:
+                        _set_up(db, self.marker, time.monotonic() + self.busy_timeout)
+                        self._inode = os.stat(self.path).st_ino
+                    except BaseException:
+                        db.close()
+                        raise
+            except OSError as exc:  # (a TimeoutError of the lock among them)
+                raise Unavailable(exc) from exc
             self._db = db
         return self._db
 
@@ -206,7 +217,7 @@ class Aggregates:
         """Put every write of the store on disk and mark it so (tiny.unsynced): for a graceful
         stop, so that the next boot trusts the store instead of counting the days again. False
         (nothing done) when there is no store, or another process kept its write lock longer
-        than the busy timeout."""
+        than the busy timeout; :class:`Unavailable` when it cannot be opened or marked."""
         if not self.path.exists():
             return False
         try:
@@ -233,7 +244,10 @@ class Aggregates:
         """A write transaction (tiny.transaction.immediate) whose first step marks the store
         written under this boot (tiny.unsynced)."""
         with immediate(self.db):
-            self.marker.before_write()
+            try:
+                self.marker.before_write()
+            except OSError as exc:
+                raise Unavailable(exc) from exc
             yield
 
     def fold(

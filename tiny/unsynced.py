@@ -167,6 +167,8 @@ def _lock(path: Path, timeout: float) -> int:
     be on the file now at ``path`` (one deleted meanwhile would lock nobody out)."""
     deadline = time.monotonic() + timeout
     while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} was replaced again and again for {timeout:.0f} s")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             while True:

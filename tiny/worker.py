@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from tiny import codec, descriptors, layout, limits
-from tiny.aggregates import Aggregates
+from tiny.aggregates import Aggregates, Unavailable
 from tiny.analytics.service import Analytics
 from tiny.config import Config
 from tiny.drain import Drain
@@ -220,7 +220,7 @@ async def _sync_store(data_dir: Path) -> None:
     try:
         if not await asyncio.to_thread(store.sync) and store.path.exists():
             log.warning("the aggregate store was busy for %.0f s: left unsynced (a reboot counts it again)", _SYNC_WAIT)
-    except (OSError, sqlite3.Error, TimeoutError) as exc:
+    except (OSError, sqlite3.Error, Unavailable) as exc:
         log.warning("the aggregate store could not be synced: %s (a reboot counts it again)", exc)
     finally:
         store.close()

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import orjson
 
 from tiny import layout
-from tiny.aggregates import Behind
+from tiny.aggregates import Behind, Unavailable
 from tiny.analytics import charts, compute, service
 from tiny.handlers.base import APIError, JSONHandler
 from tiny.sink import SinkError
@@ -90,7 +90,7 @@ class AnalyticsHandler(JSONHandler):
             raise APIError(404, f"ip_id {exc.args[0]} downloaded nothing that day") from None
         except service.Busy as exc:
             raise APIError(503, f"analytics are busy: {exc}; try again", {"Retry-After": "1"}) from None
-        except (SinkError, Behind) as exc:
+        except (SinkError, Behind, Unavailable) as exc:
             raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}) from None
         except sqlite3.OperationalError as exc:  # the store's write lock held too long (a rebuild)
             raise APIError(503, f"the aggregate store is busy ({exc}); try again", {"Retry-After": "5"}) from None

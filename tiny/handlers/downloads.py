@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from tiny import badges
-from tiny.aggregates import Behind
+from tiny.aggregates import Behind, Unavailable
 from tiny.analytics.service import Busy
 from tiny.downloads import DEFAULT_TOP, MAX_TOP, SUMMARIES, Period, parse_packages, parse_period
 from tiny.handlers.base import APIError, JSONHandler
@@ -48,7 +48,7 @@ class DownloadsBase(JSONHandler):
     async def answer(self, query: tuple[Any, ...], needed: list[str] | None) -> Answer:
         try:
             return await self.deps.live.answer(query, needed)
-        except (SinkError, Behind) as exc:
+        except (SinkError, Behind, Unavailable) as exc:
             raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}) from None
         except Busy as exc:
             raise APIError(503, f"{exc}; try again", {"Retry-After": "1"}) from None
