@@ -8,7 +8,7 @@ the intent committed) in microseconds. The data dir is a temp dir under
 ``--dir`` (default: the system's), removed afterwards.
 
 Usage:
-    python bench/journal_bench.py [--flushes 3000] [--keys 20000] [--rounds 2] [--dir DIR]
+    python bench/journal_bench.py [--flushes 3000] [--keys 20000] [--rounds 2] [--dir DIR] [--keys-per-flush 1]
 """
 
 from __future__ import annotations
@@ -28,15 +28,16 @@ from tiny.journal import Claim, Intent, Journal
 STEPS = ("lock", "recover", "claim", "intend", "commit", "finish")
 
 
-def flushes(journal: Journal, day: Path, count: int, keyed: bool) -> dict[str, float]:
+def flushes(journal: Journal, day: Path, count: int, keyed: bool, per_flush: int = 1) -> dict[str, float]:
     """CPU µs per flush of each step, over ``count`` flushes."""
     spent = dict.fromkeys(STEPS, 0.0)
     clock = time.process_time
     fd = os.open(day, os.O_WRONLY | os.O_APPEND)
     try:
         for _ in range(count):
-            key = f"bench-{uuid.uuid4().hex}-{uuid.uuid4().hex[:24]}"  # 60 characters, as bench/run.py's
-            keys = [Claim(key, b"d" * 16, b"a" * 120)] if keyed else []
+            # 60 characters, as bench/run.py's
+            new = (f"bench-{uuid.uuid4().hex}-{uuid.uuid4().hex[:24]}" for _ in range(per_flush if keyed else 0))
+            keys = [Claim(key, b"d" * 16, b"a" * 120) for key in new]
             held = []
             steps = (
                 ("lock", lambda held=held: held.append(journal.locked())),  # the flock, the files' checks, the holder
@@ -69,6 +70,7 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dir", default=None)
+    parser.add_argument("--keys-per-flush", type=int, default=1, help="keyed appends in one flush (1)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         data = Path(tmp)
@@ -81,7 +83,7 @@ def main() -> int:
         day.write_bytes(b"h\n")
         for _ in range(args.rounds):
             for keyed in (False, True):
-                steps = flushes(journal, day, args.flushes, keyed)
+                steps = flushes(journal, day, args.flushes, keyed, args.keys_per_flush)
                 detail = ", ".join(f"{step} {us:.1f}" for step, us in steps.items())
                 print(f"{'with a key' if keyed else 'no key':10}  {sum(steps.values()):6.1f} µs/flush  ({detail})")
         journal.close()
