@@ -7,6 +7,9 @@
 - ``.tiny/``: the journal (:mod:`tiny.journal`): ``lock``, the flush lock every writer takes;
   ``intent``, the flush under way (marked finished between flushes); and ``journal.sqlite3`` (with
   SQLite's ``-wal`` and ``-shm`` beside it), the idempotency keys.
+- ``.tiny/aggregates.sqlite3`` (and its ``-wal``, ``-shm``), ``aggregates.boot`` and
+  ``aggregates.lock``: the live aggregates of the day files (tiny.aggregates, tiny.unsynced),
+  a summary that is deleted and counted again from the files whenever it is not trusted.
 - ``.tiny-id``: the data dir's identity, a random id that its lock file and journal also hold,
   so that a journal or lock deleted, replaced or brought from another data dir is noticed. It
   lives outside ``.tiny/`` so that removing that folder is noticed too.
