@@ -119,7 +119,11 @@ def test_a_journal_broken_under_a_running_server_gets_503_and_heals_without_a_re
 def test_a_data_dir_copied_in_the_middle_of_a_flush_is_refused_not_cut(tmp_path: Path) -> None:
     """`cp -r` takes .tiny/ while a flush is under way, and the day files after more flushes."""
     data, copy = tmp_path / "data", tmp_path / "copy"
-    with Server(data, env={"TINY_CRASH_AT": "after-writes:1:stop-once"}) as server:
+    # The copy needs the flush still stopped. The parent's stall watchdog (15 s for a young
+    # worker) would kill it and have a new worker recover the flush in the original, before or
+    # during the copy, on a machine slow enough (this test once took 70 s under an fsync load).
+    env = {"TINY_CRASH_AT": "after-writes:1:stop-once"}
+    with Server(data, "--stall-timeout", "600", env=env) as server:
         posting = threading.Thread(target=post_all, args=(server, range(3)))
         posting.start()  # the first batch's flush stops its worker, the lock held
         worker = server.worker_pid()
