@@ -35,13 +35,13 @@ codec: $(VENV)/.codec ## build the compiled codec (Rust/PyO3, needs cargo) into 
 run: venv codec ## serve on 127.0.0.1:8000 (data in ./data); pass flags as ARGS="--processes 2"
 	$(BIN)/python app.py $(ARGS)
 
-sysdeps: ## install nginx, ab, supervisord, chromium (the dashboard test) and R (the cranlogs client's test) when missing (apt-get)
+sysdeps: ## install nginx, ab, supervisord, chromium (the dashboard test), R (the cranlogs client's test) and strace when missing (apt-get)
 	@command -v nginx >/dev/null && command -v ab >/dev/null && command -v supervisord >/dev/null && \
-	  command -v chromium >/dev/null && command -v Rscript >/dev/null && \
+	  command -v strace >/dev/null && command -v chromium >/dev/null && command -v Rscript >/dev/null && \
 	  Rscript -e 'for (p in c("httr", "jsonlite", "testthat")) loadNamespace(p)' >/dev/null 2>&1 || { \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    nginx apache2-utils supervisor chromium fonts-dejavu-core \
+	    nginx apache2-utils supervisor strace chromium fonts-dejavu-core \
 	    r-base-core r-cran-httr r-cran-jsonlite r-cran-testthat >/dev/null; }
 
 check: venv ## ruff (lint and format) and mypy

@@ -33,6 +33,7 @@ import contextlib
 import os
 import sqlite3
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -185,6 +186,7 @@ class Aggregates:
         self.path = aggregates_path(self.data_dir)
         self.marker = unsynced.Marker(self.path)
         self._db: sqlite3.Connection | None = None
+        self._closer: weakref.finalize | None = None  # closes it as tiny.unsynced says, also at exit
         self._inode = -1  # the store file's, when this connection opened it
 
     @property
@@ -206,12 +208,16 @@ class Aggregates:
             except OSError as exc:  # (a TimeoutError of the lock among them)
                 raise Unavailable(exc) from exc
             self._db = db
+            self._closer = weakref.finalize(self, unsynced.close, db, self.marker)
         return self._db
 
     def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        """Close this process's connection (:func:`tiny.unsynced.close`); the next use opens
+        the store again. Also done when this object is collected, or at interpreter exit."""
+        if self._closer is not None:
+            self._closer()
+            self._closer = None
+        self._db = None
 
     def sync(self) -> bool:
         """Put every write of the store on disk and mark it so (tiny.unsynced): for a graceful

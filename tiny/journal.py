@@ -419,7 +419,7 @@ class Journal:
         file is written first as ``.tiny-id.new`` and renamed last: an interrupted first start
         is finished by the next one."""
         identity_path = layout.identity_path(self.data_dir)
-        _write_durably(_pending(identity_path), dir_id.encode() + b"\n")
+        write_durably(_pending(identity_path), dir_id.encode() + b"\n")
         journal_path = layout.journal_path(self.data_dir)
         self._db = _connect(journal_path, create=True)
         self.db.execute(f"PRAGMA journal_mode={'WAL' if self.mode == 'wal' else 'DELETE'}")
@@ -944,7 +944,8 @@ def _size(path: Path) -> int:
         return -1
 
 
-def _write_durably(path: Path, data: bytes) -> None:
+def write_durably(path: Path, data: bytes) -> None:
+    """Write ``data`` as the whole of the file at ``path`` and fsync it (not its directory)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, data)

@@ -25,7 +25,10 @@ The contract, for the store's owner:
   opening and its set-up included, so that two processes never both judge one store);
 - :meth:`Marker.before_write` inside every write transaction, before its first write: the
   marker names this boot, on disk, before any unsynced byte is written under it;
-- :meth:`Marker.mark_synced` with the store's write lock held, after fsyncing its files.
+- :meth:`Marker.mark_synced` with the store's write lock held, after fsyncing its files;
+- :func:`close` to close each connection: SQLite checkpoints the store when its last
+  connection closes, then deletes the write-ahead log, and at ``synchronous=OFF`` nothing is
+  fsynced between the two; after a sync, that could leave a torn store marked ``synced``.
 
 Without a boot id (not Linux), nothing is marked and the store keeps ``synchronous=NORMAL``
 (:data:`BOOT` is None).
@@ -37,12 +40,13 @@ import contextlib
 import fcntl
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tiny.journal import fsync_dir
+from tiny.journal import fsync_dir, write_durably
 
 log = logging.getLogger("tiny.aggregates")
 
@@ -72,7 +76,8 @@ class Marker:
     @contextlib.contextmanager
     def admit(self, timeout: float) -> Iterator[None]:
         """Hold the store's lock (waiting up to ``timeout`` seconds); delete the store if it is
-        not trusted, then mark it written under this boot. The caller opens it meanwhile."""
+        not trusted, and mark it as this boot's unless it is synced. The caller opens it
+        meanwhile."""
         fd = _lock(self._lock, timeout)
         try:
             boot = BOOT
@@ -90,8 +95,8 @@ class Marker:
                 for side in ("", *_SIDE_FILES):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(f"{self.store}{side}")
-            if text != boot:
-                self._mark(boot)
+            if text not in (boot, SYNCED):
+                self._mark(boot)  # (a synced store stays so until its first write: before_write)
             yield
         finally:
             os.close(fd)
@@ -128,12 +133,7 @@ class Marker:
 
     def _mark(self, text: str) -> None:
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, f"{text}\n".encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_durably(tmp, f"{text}\n".encode())
         os.replace(tmp, self.path)
         fsync_dir(self.path.parent)
         self._seen = None
@@ -143,6 +143,20 @@ class Marker:
     def _remember(self) -> None:
         stat = os.stat(self.path)
         self._seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def close(db: sqlite3.Connection, marker: Marker) -> None:
+    """Close ``db``, a connection to the store of ``marker``, at ``synchronous=NORMAL``: a
+    checkpoint on close then fsyncs the store before the write-ahead log is deleted. When the
+    setting cannot be changed, the marker names this boot again first (the store is judged
+    unsynced, as it may be)."""
+    if BOOT is not None:
+        try:
+            db.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.Error:
+            with contextlib.suppress(OSError):
+                marker.before_write()
+    db.close()
 
 
 def fsync_files(store: Path) -> None:
