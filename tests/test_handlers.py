@@ -439,3 +439,16 @@ def test_a_token_on_the_command_line_is_warned_about(tmp_path: Path) -> None:
     with Server(tmp_path / "data", "--token", "argv-s3cret") as server:
         assert server.ingest(line(), {"Authorization": "Bearer argv-s3cret"}).status == 200
     assert "sees it in ps" in server.log() and "argv-s3cret" not in server.log()
+
+
+@pytest.mark.parametrize("encoding", ["identity", "gzip"])  # the lean way and the general one
+def test_a_post_that_reaches_a_worker_after_its_sink_closed_gets_a_json_503(tmp_path: Path, encoding: str) -> None:
+    # A proxy may send a request on a kept-alive connection while the worker stops.
+    body = line(ip_id=7) * 3
+    with InProcessServer(tmp_path / "data") as server:
+        assert server.call(server.deps.sink.close)
+        sent = gzip.compress(body) if encoding == "gzip" else body
+        response = server.ingest(sent, {"Content-Encoding": encoding})
+        assert error(response) == (503, "the server is stopping; nothing of this request was kept")
+        assert response.headers["retry-after"]
+    assert not list((tmp_path / "data").glob("*.csv"))

@@ -423,6 +423,21 @@ def test_close_is_bounded_when_the_lock_is_held_and_says_what_failed(tmp_path: P
     assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n"
 
 
+def test_an_append_after_close_is_refused_at_once_and_writes_nothing(tmp_path: Path) -> None:
+    async def go() -> None:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"0\n"})
+        assert await sink.close()
+        with pytest.raises(SinkError, match="stopping"):
+            sink.append({"d.csv": b"1\n"})
+        with pytest.raises(SinkError, match="stopping"):
+            await sink.ready()
+        assert await sink.close()  # a second close is harmless
+
+    run(go())
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n"
+
+
 def test_a_refused_journal_answers_its_reason_and_is_picked_up_again_when_fixed(tmp_path: Path) -> None:
     """The journal renamed away while the server runs: writes stop with the reason; renamed
     back, they go on, with no restart (and no descriptor left behind by the failures)."""

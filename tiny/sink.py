@@ -71,6 +71,7 @@ CRASH_POINTS = ("before-writes", "between-writes", "after-writes", "after-commit
 MAX_FLUSH_APPENDS = limits.MAX_FLUSH_APPENDS  # appends (so keys) in one flush: bounds its transaction and expiry
 _IOV_MAX = 1024  # buffers one writev(2) takes (Linux's IOV_MAX)
 _REOPEN_SECONDS = 1.0  # a journal that failed to open is tried again at most this often
+_STOPPING = "the server is stopping"
 _WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for the lock before /healthz reports it
 
 
@@ -173,6 +174,7 @@ class DailyFileSink:
         self._open_tried = -_REOPEN_SECONDS
         self._probed = -_REOPEN_SECONDS
         self._repair = False  # a flush failed to cut its files back or mark its intent: recover at close
+        self._closed = False  # close() has written the last flush: appends are refused
         self.fault: str | None = None  # why the last flush (or opening the journal) failed; None after a success
         self.failures = 0  # appends answered with SinkError
         self.busy_since = 0.0  # time.monotonic() when the sink thread began the flush it is in; 0 when idle
@@ -196,6 +198,8 @@ class DailyFileSink:
         """Return once the journal is open; SinkError (the reason) when it cannot be opened.
         A journal that failed is tried again at most once a second; in between, the last
         reason is raised at once."""
+        if self._closed:
+            raise SinkError(_STOPPING)
         if self.journal.is_open:
             return
         if time.monotonic() - self._open_tried < _REOPEN_SECONDS and self.fault:
@@ -265,8 +269,12 @@ class DailyFileSink:
         any) recorded with them, or to the Stored digest and answer of its key when the key
         was stored before, or by an earlier append of the same flush (then nothing is
         written); or raises :class:`SinkError`. Raises :class:`BacklogFull` at once,
-        queueing nothing, when the backlog would exceed ``max_backlog``.
+        queueing nothing, when the backlog would exceed ``max_backlog``, and SinkError at once
+        after :meth:`close` (a request that reached a stopping worker on a kept-alive
+        connection: it gets a 503 to retry elsewhere, not a flush on a closed journal).
         """
+        if self._closed:
+            raise SinkError(_STOPPING)
         size = sum(len(data) for data in chunks.values())
         if self._backlog and self._backlog + size > self.max_backlog:
             raise BacklogFull(f"{self._backlog} bytes are waiting for the disk")
@@ -283,7 +291,7 @@ class DailyFileSink:
         writing nothing (the journal opened, the lock taken, recovery run), at most once a
         second: a fault that went away is then cleared without waiting for a request."""
         now = time.monotonic()
-        if self.fault is None or self._flushing is not None or now - self._probed < _REOPEN_SECONDS:
+        if self._closed or self.fault is None or self._flushing is not None or now - self._probed < _REOPEN_SECONDS:
             return
         self._probed = now
         self._flushing = asyncio.get_running_loop().create_task(self._flush_loop(probe=True))
@@ -480,7 +488,10 @@ class DailyFileSink:
         """Write everything still pending within ``timeout`` seconds (the lock waited for at
         most what is left of it), then close the journal and stop the sink thread. Returns
         True when every append was written; False when some got SinkError, or the sink thread
-        is stuck in a flush (its appends are then never answered: the caller exits)."""
+        is stuck in a flush (its appends are then never answered: the caller exits). Appends
+        that come while it waits for the flushes are written; any after that are refused."""
+        if self._closed:
+            return True
         deadline = time.monotonic() + timeout
         failures = self.failures
         # Waits for the lock, the one under way included, end a little before the deadline: a
@@ -490,6 +501,7 @@ class DailyFileSink:
         try:
             while self._flushing is not None:
                 await asyncio.wait_for(asyncio.shield(self._flushing), max(0.0, deadline - time.monotonic()))
+            self._closed = True  # (no await since the last flush ended: nothing is left pending)
             if self._repair:
                 await asyncio.wait_for(
                     loop.run_in_executor(self._executor, self._recover), max(0.1, deadline - time.monotonic())
@@ -497,6 +509,7 @@ class DailyFileSink:
             await asyncio.wait_for(loop.run_in_executor(self._executor, self.journal.close), 1.0)
         except TimeoutError:
             log.error("the sink thread is stuck in a flush for %.1f s; leaving it", time.monotonic() - self.busy_since)
+            self._closed = True
             self._fail(self._pending, "the server stopped before this request could be written")
             self._pending = []
             self._executor.shutdown(wait=False)

@@ -184,13 +184,15 @@ async def _serve(
         log.warning("%d requests still in flight after %.1f s; closing them", left, config.drain_timeout)
     failures = sink.failures
     written = await sink.close(max(1.0, config.drain_timeout - (time.monotonic() - started)))
-    deps.analytics.close()  # its pool processes are gone: this worker writes the store no more
-    await _sync_store(config.data_dir)
-    _reap_resource_tracker()
+    # Kept-alive connections closed now (a proxy retries a request it sends meanwhile on
+    # another upstream; one that got through is refused by the closed sink: 503).
     try:
         await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
     except TimeoutError:
         pass
+    deps.analytics.close()  # its pool processes are gone: this worker writes the store no more
+    await _sync_store(config.data_dir)
+    _reap_resource_tracker()
     for task in (watcher, beater):
         if task is not None:
             task.cancel()
