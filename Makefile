@@ -6,6 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS   ?=
+# pytest-xdist workers for the tests that do not use Docker (the Docker tests run after, alone)
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help run test check sysdeps venv codec clean fuzz reliability bench bench-quick
@@ -55,7 +57,8 @@ test: venv codec sysdeps check ## the whole suite: cargo's unit tests, the Pytho
 	@if $(BIN)/python -c "import tiny._codec" 2>/dev/null; then \
 	  echo "== the HTTP contract on the pure-Python reference codec (TINY_CODEC=python) =="; \
 	  TINY_CODEC=python $(BIN)/python -m pytest -q app_tests.py tests/test_handlers.py tests/test_fuzz_http.py; fi
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not docker" $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest -m docker $(PYTEST_ARGS); rc=$$?; [ $$rc = 0 ] || [ $$rc = 5 ] # 5: none selected
 
 fuzz: venv ## a longer fuzz run of the codec and of /ingest over HTTP (TINY_FUZZ_EXAMPLES, default 20000)
 	TINY_FUZZ_EXAMPLES=$${TINY_FUZZ_EXAMPLES:-20000} $(BIN)/python -m pytest -q \

@@ -51,3 +51,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if item.get_closest_marker("hardening") and "figures" not in getattr(item, "fixturenames", ()):
             _record(item, report.outcome, {})  # a test with figures records itself, with them
     return report
+
+
+# The Docker tests (compose and Swarm) share one daemon, its images and a one-node Swarm, and
+# measure replicas under load: `make test` runs them after the rest, one at a time (-m docker),
+# while the rest runs on two pytest-xdist workers (-m "not docker").
+_DOCKER_FILES = {"test_docker.py", "test_swarm.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in _DOCKER_FILES:
+            item.add_marker(pytest.mark.docker)
