@@ -1,14 +1,21 @@
-"""tiny.httpserver against the Tornado it copies from: the copies are of the source they say."""
+"""tiny.httpserver against the Tornado it copies from: the copies are of the source they say, and
+what it changes of Tornado's behaviour holds."""
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import inspect
+import socket
+from pathlib import Path
 
+import orjson
 import tornado
 from tornado.http1connection import HTTP1Connection, HTTP1ServerConnection
 
+from tests.support import record
 from tiny import httpserver
+from tiny.testing import InProcessServer
 
 # sha256 of the upstream methods' source in Tornado 6.6.1, the version the copies were made from.
 UPSTREAM = {
@@ -36,3 +43,19 @@ def test_the_copied_tornado_methods_are_unchanged_upstream() -> None:
 
 def test_the_installed_tornado_is_one_the_copies_were_checked_against() -> None:
     assert tornado.version in httpserver.CHECKED_TORNADO
+
+
+def test_a_kept_alive_connection_keeps_tcp_nodelay_on_between_requests(tmp_path: Path) -> None:
+    # (Tornado turns it off after each answer: a setsockopt(2) each way per request.)
+    with InProcessServer(tmp_path / "data") as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            for _ in range(2):
+                conn.request("POST", "/ingest", orjson.dumps(record()) + b"\n")
+                response = conn.getresponse()
+                assert response.status == 200, response.read()
+                response.read()
+            (connection,) = server._server._connections
+            assert connection.stream.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        finally:
+            conn.close()
