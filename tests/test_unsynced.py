@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.support import Server, record
+from tests.support import ROOT, Server, record
 from tiny import unsynced
 from tiny.aggregates import Aggregates, Unavailable, aggregates_path
 from tiny.layout import HEADER
@@ -214,7 +214,7 @@ def test_the_checkpoint_of_the_last_close_after_a_sync_reaches_the_disk_before_t
         ["strace", "-f", "-qq", "-y", "-e", f"trace={calls}", "-o", str(trace)]
         + [sys.executable, "-c", CLOSE_AFTER_SYNC, str(tmp_path), last],
         check=True,
-        cwd=Path(__file__).parent.parent,
+        cwd=ROOT,
         timeout=60,
     )
     assert marker_of(tmp_path) == unsynced.SYNCED
