@@ -6,14 +6,21 @@ from __future__ import annotations
 import hashlib
 import http.client
 import inspect
+import re
 import socket
+import time
 from pathlib import Path
 
 import orjson
+import pytest
 import tornado
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from tornado import httputil
 from tornado.http1connection import HTTP1Connection, HTTP1ServerConnection
+from tornado.iostream import BaseIOStream
 
-from tests.support import record
+from tests.support import record, wait_for
 from tiny import httpserver
 from tiny.testing import InProcessServer
 
@@ -23,6 +30,8 @@ UPSTREAM = {
     "HTTP1ServerConnection._server_request_loop": "878caf064d85d615c371d09ed9068eaaadfda25e70a8e9a35cb92996d0a7e539",
     "HTTP1Connection.write_headers": "0cfc1ef0b6793acd62306d4ac65a1cab806858506cc7e17e64295263190c1250",
     "HTTP1Connection.finish": "06764160f2a948ce6c07da810b967bb254e3d8723be30c94d90844eb118dcd88",
+    # the read buffer, into which the fast way puts back a head unread
+    "BaseIOStream._consume": "a977bde1b09379135a1e7cbd2316784813ff7a2721cce35808836e59e9b290aa",
 }
 
 
@@ -36,6 +45,7 @@ def test_the_copied_tornado_methods_are_unchanged_upstream() -> None:
             HTTP1ServerConnection._server_request_loop,
             HTTP1Connection.write_headers,
             HTTP1Connection.finish,
+            BaseIOStream._consume,
         )
     }
     assert found == UPSTREAM
@@ -59,3 +69,215 @@ def test_a_kept_alive_connection_keeps_tcp_nodelay_on_between_requests(tmp_path:
             assert connection.stream.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         finally:
             conn.close()
+
+
+# The fast way (tiny.httpserver.parse_fast_head, _ServerConnection._serve_fast).
+
+USUAL_HEADS = {
+    "ab -k": b"POST /ingest HTTP/1.0\r\nContent-length: 173\r\nContent-type: application/x-ndjson\r\n"
+    b"Host: 127.0.0.1:8000\r\nUser-Agent: ApacheBench/2.3\r\nAccept: */*\r\nConnection: Keep-Alive\r\n\r\n",
+    "curl --data-binary": b"POST /ingest HTTP/1.1\r\nHost: localhost:8000\r\nUser-Agent: curl/7.88.1\r\n"
+    b"Accept: */*\r\nContent-Length: 17\r\nContent-Type: application/x-www-form-urlencoded\r\n\r\n",
+    "nginx upstream": b"POST /ingest HTTP/1.1\r\nHost: tiny\r\nX-Real-IP: 10.0.0.2\r\n"
+    b"Proxy-Idempotency-Key: 4f9c2a7d1e0b\r\nContent-Length: 5\r\nContent-Type: application/x-ndjson\r\n\r\n",
+    "odd spacing and case": b"POST /ingest HTTP/1.1\r\ncontent-LENGTH:5  \r\nX-Empty:\r\nX-Tab:\ta\tb\t\r\n\r\n",
+}
+
+UNUSUAL_HEADS = {
+    "another path": b"POST /ingest/ HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+    "a query string": b"POST /ingest?x=1 HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+    "another method": b"PUT /ingest HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+    "HTTP/2.0": b"POST /ingest HTTP/2.0\r\nContent-Length: 5\r\n\r\n",
+    "an empty line first": b"\r\nPOST /ingest HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+    "LF line ends": b"POST /ingest HTTP/1.1\nContent-Length: 5\n\n",
+    "a lone LF": b"POST /ingest HTTP/1.1\r\nHost: x\nContent-Length: 5\r\n\r\n",
+    "a lone CR": b"POST /ingest HTTP/1.1\r\nHost: x\ry\r\nContent-Length: 5\r\n\r\n",
+    "a folded line": b"POST /ingest HTTP/1.1\r\nHost: x\r\n y\r\nContent-Length: 5\r\n\r\n",
+    "a space before the colon": b"POST /ingest HTTP/1.1\r\nContent-Length : 5\r\n\r\n",
+    "no colon": b"POST /ingest HTTP/1.1\r\nHost\r\nContent-Length: 5\r\n\r\n",
+    "an empty name": b"POST /ingest HTTP/1.1\r\n: x\r\nContent-Length: 5\r\n\r\n",
+    "a NUL in a value": b"POST /ingest HTTP/1.1\r\nHost: x\x00y\r\nContent-Length: 5\r\n\r\n",
+    "a DEL in a value": b"POST /ingest HTTP/1.1\r\nHost: x\x7fy\r\nContent-Length: 5\r\n\r\n",
+    "a field sent twice": b"POST /ingest HTTP/1.1\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\n",
+    "a key sent twice": b"POST /ingest HTTP/1.1\r\nIdempotency-Key: a\r\nidempotency-key: b\r\n\r\n",
+    "no Content-Length": b"POST /ingest HTTP/1.1\r\nHost: x\r\n\r\n",
+    "a signed length": b"POST /ingest HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+    "a listed length": b"POST /ingest HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
+    "a non-ASCII digit": b"POST /ingest HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n",
+    "chunked": b"POST /ingest HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+    "chunked and a length": b"POST /ingest HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+    "100-continue": b"POST /ingest HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    "an upgrade": b"POST /ingest HTTP/1.1\r\nContent-Length: 5\r\nUpgrade: websocket\r\n\r\n",
+}
+
+
+def _tornado_reads(head: bytes) -> tuple[httputil.RequestStartLine, dict[str, str]]:
+    """What Tornado 6.6.1's HTTP1Connection makes of a request head (its _parse_headers)."""
+    text = head.decode("latin1").lstrip("\r\n")
+    eol = text.find("\n")
+    return httputil.parse_request_start_line(text[:eol].rstrip("\r")), dict(httputil.HTTPHeaders.parse(text[eol:]))
+
+
+@pytest.mark.parametrize("head", USUAL_HEADS.values(), ids=USUAL_HEADS.keys())
+def test_the_fast_way_reads_the_heads_clients_send_as_tornado_reads_them(head: bytes) -> None:
+    fields = httpserver.parse_fast_head(head)
+    assert fields is not None
+    start_line, headers = _tornado_reads(head)
+    assert (start_line.method, start_line.path) == ("POST", "/ingest")
+    assert dict(fields) == headers
+
+
+@pytest.mark.parametrize("head", UNUSUAL_HEADS.values(), ids=UNUSUAL_HEADS.keys())
+def test_the_fast_way_leaves_every_unusual_head_to_tornado(head: bytes) -> None:
+    assert httpserver.parse_fast_head(head) is None
+
+
+_NAMES = [
+    "Content-Length",
+    "content-length",
+    "Host",
+    "Idempotency-Key",
+    "Connection",
+    "X-A",
+    "x_a",
+    "Transfer-Encoding",
+]
+_VALUE_CHARS = [b"5", b"a", b" ", b"\t", b"\xe9", b",", b"\x00", b"\x7f", b"\r", b"\n", b'"', b"close", b"x", b"ab"]
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from([b"POST /ingest HTTP/1.1", b"POST /ingest HTTP/1.0", b"POST /ingest HTTP/1.2", b"POST /ingest "]),
+    st.lists(
+        st.tuples(
+            st.sampled_from(_NAMES) | st.text("abc-_ :", min_size=0, max_size=4),
+            st.sampled_from([b":", b": ", b":\t", b" :", b""]),
+            st.lists(st.sampled_from(_VALUE_CHARS), max_size=5).map(b"".join),
+            st.sampled_from([b"\r\n", b"\r\n", b"\r\n", b"\n", b"\r\n "]),
+        ),
+        max_size=5,
+    ),
+    st.integers(0, 5),
+    st.sampled_from([b"\r\n", b"\r\n", b"\n"]),
+)
+def test_a_head_the_fast_way_reads_is_read_the_same_by_tornado(
+    request_line: bytes, lines: list[tuple[str, bytes, bytes, bytes]], length_at: int, end: bytes
+) -> None:
+    """No head is read the fast way that Tornado would refuse or read otherwise."""
+    fields = [name.encode() + colon + value + eol for name, colon, value, eol in lines]
+    fields.insert(length_at, b"Content-Length: 5\r\n")
+    head = request_line + b"\r\n" + b"".join(fields) + end
+    found = httpserver.parse_fast_head(head)
+    event("read the fast way" if found is not None else "left to Tornado")
+    if found is None:
+        return
+    start_line, headers = _tornado_reads(head)  # raises if Tornado would answer 400
+    assert start_line == httputil.RequestStartLine("POST", "/ingest", request_line[-8:].decode())
+    assert dict(found) == headers
+
+
+def _answers(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
+    """The next ``count`` answers on ``sock``: (head, body) each."""
+    buffer, answers = b"", []
+    while len(answers) < count:
+        while b"\r\n\r\n" not in buffer:
+            data = sock.recv(65536)
+            assert data, f"closed after {len(answers)} answers"
+            buffer += data
+        head, _, buffer = buffer.partition(b"\r\n\r\n")
+        length = int(re.search(rb"Content-Length: (\d+)", head).group(1))  # type: ignore[union-attr]
+        while len(buffer) < length:
+            buffer += sock.recv(65536)
+        answers.append((head, buffer[:length]))
+        buffer = buffer[length:]
+    return answers
+
+
+def _post(body: bytes, version: bytes = b"1.1", extra: bytes = b"") -> bytes:
+    return b"POST /ingest HTTP/%s\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n%s" % (version, len(body), extra, body)
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_pipelined_requests_of_both_ways_are_answered_in_order_on_one_connection(tmp_path: Path) -> None:
+    """A fast request, one Tornado reads (put back unread), and another fast one, in one send."""
+    body = orjson.dumps(record()) + b"\n"
+    with InProcessServer(tmp_path / "data") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.settimeout(10)
+        chunked = b"POST /ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+            len(body),
+            body,
+        )
+        sock.sendall(_post(body) + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" + chunked + _post(body * 2))
+        answers = _answers(sock, 4)
+        assert [head.split(b"\r\n", 1)[0] for head, _ in answers] == [b"HTTP/1.1 200 OK"] * 4
+        counts = [
+            orjson.loads(answer)["result"]["stats"]["records"]["valid"]
+            for i, (_, answer) in enumerate(answers)
+            if i != 1
+        ]
+        assert counts == [1, 1, 2]
+    assert len((tmp_path / "data" / "2014-05-04.csv").read_bytes().splitlines()) == 1 + 4
+
+
+def test_an_http10_post_that_asks_keep_alive_is_answered_keep_alive_and_kept_open(tmp_path: Path) -> None:
+    """ab -k's request."""
+    body = orjson.dumps(record()) + b"\n"
+    with InProcessServer(tmp_path / "data") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.settimeout(10)
+        for _ in range(2):
+            sock.sendall(_post(body, b"1.0", b"Connection: Keep-Alive\r\n"))
+            ((head, _),) = _answers(sock, 1)
+            assert b"\r\nConnection: Keep-Alive" in head
+
+
+def test_an_http10_post_without_keep_alive_is_answered_then_closed(tmp_path: Path) -> None:
+    body = orjson.dumps(record()) + b"\n"
+    with InProcessServer(tmp_path / "data") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.settimeout(10)
+        sock.sendall(_post(body, b"1.0"))
+        ((head, _),) = _answers(sock, 1)
+        assert head.startswith(b"HTTP/1.1 200 ") and b"Connection:" not in head
+        assert _closed(sock)
+
+
+def test_a_post_that_asks_connection_close_is_answered_so_then_closed(tmp_path: Path) -> None:
+    body = orjson.dumps(record()) + b"\n"
+    with InProcessServer(tmp_path / "data") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.settimeout(10)
+        sock.sendall(_post(body, b"1.1", b"Connection: close\r\n"))
+        ((head, _),) = _answers(sock, 1)
+        assert b"\r\nConnection: close" in head
+        assert _closed(sock)
+
+
+def test_a_body_split_across_sends_is_read_whole_the_fast_way(tmp_path: Path) -> None:
+    body = b"".join(orjson.dumps(record()) + b"\n" for _ in range(50))
+    request = _post(body)
+    with InProcessServer(tmp_path / "data") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.settimeout(10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for start in range(0, len(request), 997):
+            sock.sendall(request[start : start + 997])
+            time.sleep(0.002)
+        ((head, answer),) = _answers(sock, 1)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert orjson.loads(answer)["result"]["stats"]["records"]["valid"] == 50
+
+
+def test_a_connection_closed_mid_body_counts_no_request_in_flight(tmp_path: Path) -> None:
+    body = orjson.dumps(record()) + b"\n"
+    with InProcessServer(tmp_path / "data") as server:
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(_post(body)[:-10])
+            time.sleep(0.2)
+            assert server.deps.drain.in_flight == 1
+        assert wait_for(lambda: server.deps.drain.in_flight == 0)
+        assert server.ingest(body).status == 200
+    assert len((tmp_path / "data" / "2014-05-04.csv").read_bytes().splitlines()) == 2

@@ -18,6 +18,11 @@ close`` (while draining, and for an answer sent before the whole body was read),
 Content-Type, Date, Content-Length, ``Idempotent-Replayed``, ``Retry-After``), the log line of
 a refusal. The body timeout is set only when the body is not already buffered: a body that
 came with the headers cannot time out, and the timer would cost a call and a cancel.
+
+Two ways reach :func:`route`: Tornado's HTTP1Connection, with its ``HTTPHeaders`` (every head
+it reads), and tiny.httpserver's fast way, with ``Fields`` and a connection of its own (the
+commonest head, which it parses itself and reads the same as Tornado would). The delegate is
+the same for both.
 """
 
 from __future__ import annotations
@@ -31,11 +36,13 @@ import orjson
 import tornado
 from tornado import httputil
 from tornado.http1connection import HTTP1Connection
+from tornado.httputil import HTTPHeaders
 from tornado.log import access_log
 
 from tiny.handlers.base import APIError, Deps
 from tiny.handlers.ingest import process
 from tiny.handlers.rules import Head
+from tiny.httpserver import Fields
 from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
 
 log = logging.getLogger("tiny.handlers")
@@ -43,9 +50,10 @@ _SERVER = f"TornadoServer/{tornado.version}"  # what a RequestHandler says
 
 
 def route(
-    deps: Deps, start_line: httputil.RequestStartLine, headers: httputil.HTTPHeaders, connection: Any
+    deps: Deps, start_line: httputil.RequestStartLine, headers: HTTPHeaders | Fields, connection: Any
 ) -> LeanIngest | None:
-    """A :class:`LeanIngest` for the usual POST /ingest, or None: the general way takes it."""
+    """A :class:`LeanIngest` for the usual POST /ingest, or None: the general way takes it.
+    ``headers`` and ``connection`` are Tornado's, or on the fast way tiny.httpserver's."""
     if start_line.method != "POST" or start_line.path != "/ingest":
         return None
     if len(headers) > MAX_HEADERS or sum(len(k) + len(v) + 4 for k, v in headers.get_all()) > MAX_HEADER_BYTES:
@@ -60,7 +68,7 @@ def route(
 class LeanIngest(httputil.HTTPMessageDelegate):
     """One usual POST /ingest, from its headers (already checked by :func:`route`) to its answer."""
 
-    def __init__(self, deps: Deps, head: Head, connection: Any, headers: httputil.HTTPHeaders) -> None:
+    def __init__(self, deps: Deps, head: Head, connection: Any, headers: HTTPHeaders | Fields) -> None:
         self.deps = deps
         self.head = head
         self.connection = connection
@@ -102,6 +110,12 @@ class LeanIngest(httputil.HTTPMessageDelegate):
     def on_connection_close(self) -> None:
         self.chunks = []
         self._done()
+
+    async def finished(self) -> None:
+        """Return once the answer is handed to the connection, or the connection is gone
+        (tiny.httpserver's fast way reads the next request only then)."""
+        if self.task is not None:
+            await self.task
 
     async def _process(self, body: bytes) -> None:
         try:

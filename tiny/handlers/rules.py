@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from tornado.httputil import HTTPHeaders
 
 from tiny.handlers.base import APIError, check_token
+from tiny.httpserver import Fields
 from tiny.limits import MAX_GZIP_MEMBERS, MAX_KEY
 
 _MIN_FEED, _MAX_FEED = 64, 64 * 1024  # bytes given to zlib at once (see gunzip)
@@ -59,7 +60,7 @@ class IngestRules:
         self.max_body = max_body
         self.token = token
 
-    def head(self, method: str, headers: HTTPHeaders) -> Head:
+    def head(self, method: str, headers: HTTPHeaders | Fields) -> Head:
         """The request's :class:`Head`, or the APIError that refuses it before its body is read:
         405 a method other than POST, 401 a missing or wrong token, 400 a malformed key, 415 an
         encoding other than identity or gzip or a type that is not NDJSON, 413 a declared
