@@ -178,7 +178,8 @@ def test_a_head_the_fast_way_reads_is_read_the_same_by_tornado(
 
 def _answers(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
     """The next ``count`` answers on ``sock``: (head, body) each."""
-    buffer, answers = b"", []
+    buffer = b""
+    answers: list[tuple[bytes, bytes]] = []
     while len(answers) < count:
         while b"\r\n\r\n" not in buffer:
             data = sock.recv(65536)
