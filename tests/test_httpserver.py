@@ -282,3 +282,62 @@ def test_a_connection_closed_mid_body_counts_no_request_in_flight(tmp_path: Path
         assert wait_for(lambda: server.deps.drain.in_flight == 0)
         assert server.ingest(body).status == 200
     assert len((tmp_path / "data" / "2014-05-04.csv").read_bytes().splitlines()) == 2
+
+
+def test_a_big_body_still_to_come_is_read_whole_into_one_buffer(tmp_path: Path) -> None:
+    """From 64 KiB on, the rest of a body that is not in yet goes straight into one buffer."""
+    body = b"".join(orjson.dumps(record()) + b"\n" for _ in range(2000))  # about 350 KB
+    request = _post(body)
+    cut = request.index(b"\r\n\r\n") + 4 + 1000
+    with InProcessServer(tmp_path / "data") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.settimeout(10)
+        sock.sendall(request[:cut])
+        time.sleep(0.2)  # the head is read, and the body's first 1,000 bytes with it
+        for start in range(cut, len(request), 50_000):
+            sock.sendall(request[start : start + 50_000])
+            time.sleep(0.01)
+        ((head, answer),) = _answers(sock, 1)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert orjson.loads(answer)["result"]["stats"]["records"]["valid"] == 2000
+    assert len((tmp_path / "data" / "2014-05-04.csv").read_bytes().splitlines()) == 1 + 2000
+
+
+@pytest.mark.parametrize("records", [5, 2000], ids=["in pieces", "into one buffer"])
+def test_a_body_that_stops_coming_is_cut_at_the_body_timeout_and_nothing_is_kept(tmp_path: Path, records: int) -> None:
+    body = b"".join(orjson.dumps(record()) + b"\n" for _ in range(records))
+    request = _post(body)
+    with InProcessServer(tmp_path / "data", "--body-timeout", "1") as server:
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            started = time.monotonic()
+            sock.sendall(request[: len(request) - len(body) // 2])
+            assert _closed(sock)
+            assert 0.9 < time.monotonic() - started < 3
+        assert wait_for(lambda: server.deps.drain.in_flight == 0)
+    assert not (tmp_path / "data" / "2014-05-04.csv").exists()
+
+
+def test_the_buffers_of_bodies_read_whole_stay_within_their_budget(tmp_path: Path) -> None:
+    """A client that declares a big body and sends little cannot make a worker hold more than
+    the budget in buffers made ahead of their bytes; the bodies past it come in pieces."""
+    body = b"".join(orjson.dumps(record()) + b"\n" for _ in range(5800))  # about 1 MB: read whole
+    request = _post(body)
+    start = request.index(b"\r\n\r\n") + 4 + 1000
+    with InProcessServer(tmp_path / "data") as server:
+        socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(40)]
+        try:
+            for sock in socks:
+                sock.settimeout(20)
+                sock.sendall(request[:start])
+            assert wait_for(lambda: server.deps.drain.in_flight == 40)
+            held = server._server.whole_bytes
+            assert 0 < held <= httpserver._WHOLE_BUDGET < 40 * len(body)
+            for sock in socks:
+                sock.sendall(request[start:])
+            for sock in socks:
+                ((head, _),) = _answers(sock, 1)
+                assert head.startswith(b"HTTP/1.1 200 ")
+            assert server._server.whole_bytes == 0
+        finally:
+            for sock in socks:
+                sock.close()
+    assert len((tmp_path / "data" / "2014-05-04.csv").read_bytes().splitlines()) == 1 + 40 * 5800

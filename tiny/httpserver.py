@@ -22,7 +22,9 @@ a fast one, needs:
   1-record request's event-loop time), and its body read straight from the stream into the
   lean delegate. Any other head is put back into the stream's buffer, unread, and Tornado
   reads it as before: only requests that Tornado would parse the same way take the fast
-  way, so every answer is the one it always was.
+  way, so every answer is the one it always was. A body of 64 KiB to 1 MiB still to come is
+  read into one buffer of its size (``IOStream.read_into``), within a budget of 32 MiB of such
+  buffers per worker, since they are made before their bytes arrive.
 - **Timeouts without a timer per request**: Tornado wraps every header read, and every body
   read, in a timer (``gen.with_timeout``: a few percent of a small request). Here the header
   timeout (``idle_connection_timeout``: idle connections and slow headers alike) is one sweep
@@ -40,8 +42,8 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import tornado
 from tornado import httputil, iostream
@@ -84,6 +86,9 @@ _ACCEPT_BATCH = 128  # connections accepted per wake-up before other work gets a
 _ACCEPT_PAUSE = 0.1  # seconds accept pauses after it ran out of descriptors or memory
 _SWEEP_SECONDS = 0.5  # how often connections past the header timeout are closed
 BODY_PIECE = 1024 * 1024  # bytes of a body handed to a request at most at once
+_WHOLE_BODY = 64 * 1024  # a fast-way body from this size on, not yet buffered, is read into one buffer
+_WHOLE_BUDGET = 32 * 1024 * 1024  # bytes of such buffers a worker holds at most at once
+_T = TypeVar("_T")
 _LOG_EVERY = 1.0  # seconds between two log lines of the same kind
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -134,6 +139,7 @@ class TinyHTTPServer(HTTPServer):
         # time): a 276 KB body that arrived whole is one piece, not five to copy together.
         self.conn_params.chunk_size = BODY_PIECE
         self.waiting: dict[_ServerConnection, float] = {}  # in the order they began to wait
+        self.whole_bytes = 0  # bytes of the buffers bodies are being read into whole (_serve_fast)
         self._sweeper: PeriodicCallback | None = None
         self.max_connections = max_connections
         self.open_connections = 0
@@ -455,16 +461,29 @@ class _ServerConnection(HTTP1ServerConnection):
         if request is None:
             return None
         left = int(fields["Content-Length"])
+        buffered = stream._read_buffer_size >= left  # type: ignore[attr-defined]
         deadline = None  # the body timeout, only for a body still to come
-        if conn.body_timeout is not None and stream._read_buffer_size < left:  # type: ignore[attr-defined]
+        if conn.body_timeout is not None and not buffered:
             deadline = IOLoop.current().time() + conn.body_timeout
         try:
+            server = self.server
+            if not buffered and _WHOLE_BODY <= left <= BODY_PIECE and server.whole_bytes + left <= _WHOLE_BUDGET:
+                # A big body still to come is read into one buffer of its size: the socket reads
+                # land there (recv_into), where pieces would each be a zeroed 64 KiB buffer,
+                # copied into the stream's buffer, copied out, then joined. Such buffers are
+                # made before their bytes come, so they share a budget per worker: past it,
+                # bodies come in pieces again, as many as arrive.
+                server.whole_bytes += left
+                try:
+                    whole = bytearray(left)
+                    await _within(deadline, stream.read_into(whole))
+                    request.data_received(bytes(whole))
+                    del whole
+                finally:
+                    server.whole_bytes -= left
+                left = 0
             while left > 0:  # in pieces of at most BODY_PIECE, as Tornado's _read_fixed_body
-                piece = stream.read_bytes(min(left, BODY_PIECE), partial=True)
-                if deadline is None:
-                    chunk = await piece
-                else:
-                    chunk = await gen.with_timeout(deadline, piece, quiet_exceptions=iostream.StreamClosedError)
+                chunk = await _within(deadline, stream.read_bytes(min(left, BODY_PIECE), partial=True))
                 left -= len(chunk)
                 request.data_received(chunk)
         except TimeoutError:
@@ -595,6 +614,14 @@ def parse_fast_head(head: bytes) -> Fields | None:
     if length is None or not (length.isascii() and length.isdigit()):
         return None
     return fields
+
+
+def _within(deadline: float | None, future: Awaitable[_T]) -> Awaitable[_T]:
+    """``future``, or when there is a ``deadline`` (IOLoop time), it bounded by it
+    (TimeoutError)."""
+    if deadline is None:
+        return future
+    return gen.with_timeout(deadline, future, quiet_exceptions=iostream.StreamClosedError)
 
 
 def _unread(stream: iostream.IOStream, data: bytes) -> None:
