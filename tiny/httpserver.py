@@ -29,9 +29,10 @@ a fast one, needs:
   read, in a timer (``gen.with_timeout``: a few percent of a small request). Here the header
   timeout (``idle_connection_timeout``: idle connections and slow headers alike) is one sweep
   twice a second over the connections waiting for headers, oldest first, so a connection is
-  closed between the timeout and half a second after it; the body timeout is set per request
-  only when its body is still to come (the application's requests get it always; the lean
-  way, when the body is not already buffered).
+  closed between the timeout and half a second after it. The body timeout of a request on
+  the fast way is the same sweep over the connections whose body is still to come (none for
+  a body that came with its head); Tornado's timer is set per request only for the other
+  requests (the application's always, the lean way's when the body is not already buffered).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import tornado
 from tornado import httputil, iostream
@@ -65,7 +66,6 @@ if tornado.version not in CHECKED_TORNADO:
         "then add it to CHECKED_TORNADO (or install tornado==6.6.1, the pinned version)"
     )
 
-from tornado import gen  # noqa: E402
 from tornado.concurrent import Future, future_add_done_callback  # noqa: E402
 from tornado.http1connection import (  # noqa: E402
     _CHUNK_YIELD_COST,
@@ -88,7 +88,6 @@ _SWEEP_SECONDS = 0.5  # how often connections past the header timeout are closed
 BODY_PIECE = 1024 * 1024  # bytes of a body handed to a request at most at once
 _WHOLE_BODY = 64 * 1024  # a fast-way body from this size on, not yet buffered, is read into one buffer
 _WHOLE_BUDGET = 32 * 1024 * 1024  # bytes of such buffers a worker holds at most at once
-_T = TypeVar("_T")
 _LOG_EVERY = 1.0  # seconds between two log lines of the same kind
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -140,6 +139,9 @@ class TinyHTTPServer(HTTPServer):
         self.conn_params.chunk_size = BODY_PIECE
         self.waiting: dict[_ServerConnection, float] = {}  # in the order they began to wait
         self.whole_bytes = 0  # bytes of the buffers bodies are being read into whole (_serve_fast)
+        # The fast way's body timeout, the same way: the connections whose body is still to
+        # come, in the order they began to read it.
+        self.reading: dict[_ServerConnection, float] = {}
         self._sweeper: PeriodicCallback | None = None
         self.max_connections = max_connections
         self.open_connections = 0
@@ -150,7 +152,7 @@ class TinyHTTPServer(HTTPServer):
     def add_sockets(self, sockets: Any) -> None:
         # TCPServer.add_sockets with our accept loop; _sockets and _handlers are what its
         # stop() uses to close the sockets and remove their handlers.
-        if self._sweeper is None and self.header_timeout:
+        if self._sweeper is None and (self.header_timeout or self.request_body_timeout):
             self._sweeper = PeriodicCallback(self._close_slow, _SWEEP_SECONDS * 1000)
             self._sweeper.start()
         for sock in sockets:
@@ -223,14 +225,19 @@ class TinyHTTPServer(HTTPServer):
 
     def _close_slow(self) -> None:
         """Close the connections that have waited longer than the header timeout for a
-        request's headers (idle, or sending them slowly). Oldest first: it stops at the first
-        within the bound, so a sweep costs what it closes."""
-        deadline = IOLoop.current().time() - (self.header_timeout or 0)
-        for conn, since in list(self.waiting.items()):
-            if since > deadline:
-                break
-            del self.waiting[conn]
-            conn.stream.close()
+        request's headers (idle, or sending them slowly), and those that have taken longer
+        than the body timeout to send a body on the fast way. Oldest first: each walk stops
+        at the first within its bound."""
+        now = IOLoop.current().time()
+        for waits, timeout in ((self.waiting, self.header_timeout), (self.reading, self.request_body_timeout)):
+            if timeout is None:
+                continue
+            for conn, since in list(waits.items()):
+                if since > now - timeout:
+                    break
+                del waits[conn]
+                conn.timed_out = True
+                conn.stream.close()
 
     def stop(self) -> None:
         if self._sweeper is not None:
@@ -400,6 +407,7 @@ class _ServerConnection(HTTP1ServerConnection):
     while it waits for a request's headers."""
 
     server: TinyHTTPServer
+    timed_out = False  # the server's sweep closed it: its client took too long
 
     async def _server_request_loop(self, delegate: httputil.HTTPServerConnectionDelegate) -> None:
         # Tornado 6.6's loop, constructing our _Connection instead of HTTP1Connection, and with
@@ -461,13 +469,15 @@ class _ServerConnection(HTTP1ServerConnection):
         if request is None:
             return None
         left = int(fields["Content-Length"])
-        buffered = stream._read_buffer_size >= left  # type: ignore[attr-defined]
-        deadline = None  # the body timeout, only for a body still to come
-        if conn.body_timeout is not None and not buffered:
-            deadline = IOLoop.current().time() + conn.body_timeout
+        server = self.server
+        # A body still to come is bounded by the body timeout: the server's sweep closes the
+        # stream past it (no timer per request), which ends the read below.
+        timed = stream._read_buffer_size < left and conn.body_timeout is not None  # type: ignore[attr-defined]
+        if timed:
+            self.timed_out = False
+            server.reading[self] = IOLoop.current().time()
         try:
-            server = self.server
-            if not buffered and _WHOLE_BODY <= left <= BODY_PIECE and server.whole_bytes + left <= _WHOLE_BUDGET:
+            if timed and _WHOLE_BODY <= left <= BODY_PIECE and server.whole_bytes + left <= _WHOLE_BUDGET:
                 # A big body still to come is read into one buffer of its size: the socket reads
                 # land there (recv_into), where pieces would each be a zeroed 64 KiB buffer,
                 # copied into the stream's buffer, copied out, then joined. Such buffers are
@@ -476,24 +486,24 @@ class _ServerConnection(HTTP1ServerConnection):
                 server.whole_bytes += left
                 try:
                     whole = bytearray(left)
-                    await _within(deadline, stream.read_into(whole))
+                    await stream.read_into(whole)
                     request.data_received(bytes(whole))
                     del whole
                 finally:
                     server.whole_bytes -= left
                 left = 0
             while left > 0:  # in pieces of at most BODY_PIECE, as Tornado's _read_fixed_body
-                chunk = await _within(deadline, stream.read_bytes(min(left, BODY_PIECE), partial=True))
+                chunk = await stream.read_bytes(min(left, BODY_PIECE), partial=True)
                 left -= len(chunk)
                 request.data_received(chunk)
-        except TimeoutError:
-            gen_log.info("Timeout reading body from %s", self.context)
-            stream.close()
-            request.on_connection_close()
-            return False
         except iostream.StreamClosedError:
+            if timed and self.timed_out:
+                gen_log.info("Timeout reading body from %s", self.context)
             request.on_connection_close()
             return False
+        finally:
+            if timed:
+                server.reading.pop(self, None)
         request.finish()
         await request.finished()
         if conn.written is not None:
@@ -614,14 +624,6 @@ def parse_fast_head(head: bytes) -> Fields | None:
     if length is None or not (length.isascii() and length.isdigit()):
         return None
     return fields
-
-
-def _within(deadline: float | None, future: Awaitable[_T]) -> Awaitable[_T]:
-    """``future``, or when there is a ``deadline`` (IOLoop time), it bounded by it
-    (TimeoutError)."""
-    if deadline is None:
-        return future
-    return gen.with_timeout(deadline, future, quiet_exceptions=iostream.StreamClosedError)
 
 
 def _unread(stream: iostream.IOStream, data: bytes) -> None:
