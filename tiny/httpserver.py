@@ -576,7 +576,7 @@ _START_LINES = {  # by "is it HTTP/1.1"
     True: httputil.RequestStartLine("POST", "/ingest", "HTTP/1.1"),
 }
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_UNUSUAL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")  # controls, lone CR or LF
+_CONTROLS = bytes([*range(0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])  # but HTAB, CR and LF
 _NOT_FAST = frozenset({"Transfer-Encoding", "Expect", "Upgrade"})  # bodies and answers of other kinds
 _NAMES: dict[bytes, str] = {}  # header names as sent -> Http-Header-Case (Tornado's _normalize_header)
 _MAX_NAMES = 512
@@ -604,16 +604,21 @@ def parse_fast_head(head: bytes) -> Fields | None:
         not head.startswith(_FAST_REQUEST_LINE)
         or head[_VERSION_AT : _VERSION_AT + 3] not in (b"1\r\n", b"0\r\n")
         or not head.endswith(b"\r\n\r\n")
-        or _UNUSUAL.search(head)
+        # (a regular expression for these took half of the parse: 6 µs of 11 for ab's head)
+        or head.count(b"\n") != head.count(b"\r\n")  # a lone LF
+        or head.count(b"\r") != head.count(b"\r\n")  # a lone CR
+        or len(head.translate(None, _CONTROLS)) != len(head)  # another control character
     ):
         return None
     fields = Fields()
     for line in head[_VERSION_AT + 3 : -4].split(b"\r\n"):
         name, colon, value = line.partition(b":")
-        if not colon or not _TOKEN.fullmatch(name):
-            return None  # no colon, an empty or odd name, a folded line
-        key = _NAMES.get(name)
+        if not colon:
+            return None
+        key = _NAMES.get(name)  # a name seen before passed the check below
         if key is None:
+            if not _TOKEN.fullmatch(name):
+                return None  # an empty or odd name, a folded line
             key = "-".join([word.capitalize() for word in name.decode("latin1").split("-")])
             if len(_NAMES) < _MAX_NAMES:
                 _NAMES[name] = key
