@@ -155,6 +155,7 @@ class DailyFileSink:
         crash_at: str = "",
     ) -> None:
         self.data_dir = Path(data_dir)
+        self._data_dir = str(self.data_dir)  # joined as a str on the hot path: Path joins cost more
         self.fsync = fsync
         self.max_backlog = max_backlog
         self.max_files = max_files
@@ -415,14 +416,7 @@ class DailyFileSink:
         writes: list[tuple[int, list[bytes]]] = []
         new_dirs: set[Path] = set()
         for name in sorted(pending):
-            path = self.data_dir / name
-            path.parent.mkdir(parents=True, exist_ok=True)  # one stat when it exists
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-                created = True
-            except FileExistsError:
-                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)  # RDWR: the last byte is read
-                created = False
+            fd, created = self._open(name)
             size = os.fstat(fd).st_size
             opened.append((fd, Intent(name, size, size, created)))  # the size after follows
             parts = pending[name]
@@ -433,7 +427,7 @@ class DailyFileSink:
             opened[-1] = (fd, Intent(name, size, size + sum(map(len, parts)), created))
             writes.append((fd, parts))
             if created:
-                new_dirs.add(path.parent)
+                new_dirs.add((self.data_dir / name).parent)
         if not opened:
             return
         flush.intend([intent for _, intent in opened])
@@ -449,6 +443,22 @@ class DailyFileSink:
                 os.fsync(fd)
             for directory in new_dirs:
                 fsync_dir(directory)
+
+    def _open(self, name: str) -> tuple[int, bool]:
+        """A descriptor appending to the file ``name`` (RDWR: its last byte is read), and
+        whether this call created it. An existing file, the usual case, costs one open(2);
+        a new one its directory (made if missing) and an O_EXCL create, so that "created"
+        (which recovery removes) is only ever a file this flush made."""
+        path = os.path.join(self._data_dir, name)
+        try:
+            return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC), False
+        except FileNotFoundError:
+            pass
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), True
+        except FileExistsError:  # made meanwhile by someone outside the flush lock
+            return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC), False
 
     def _roll_back(self, opened: list[tuple[int, Intent]], flush: Flush) -> None:
         """Cut every file of a failed flush back and mark its intent undone; if that fails
