@@ -423,6 +423,21 @@ def test_close_is_bounded_when_the_lock_is_held_and_says_what_failed(tmp_path: P
     assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n"
 
 
+def test_a_second_close_returns_what_the_first_did(tmp_path: Path) -> None:
+    async def go() -> tuple[bool, bool]:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"0\n"})
+        holder = os.open(layout.lock_path(tmp_path), os.O_RDWR)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        pending = sink.append({"d.csv": b"1\n"})
+        first = await sink.close(timeout=0.5)
+        os.close(holder)
+        await asyncio.gather(pending, return_exceptions=True)
+        return first, await sink.close()
+
+    assert run(go()) == (False, False)
+
+
 def test_an_append_after_close_is_refused_at_once_and_writes_nothing(tmp_path: Path) -> None:
     async def go() -> None:
         sink, _ = make(tmp_path)

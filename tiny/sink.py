@@ -176,6 +176,7 @@ class DailyFileSink:
         self._probed = -_REOPEN_SECONDS
         self._repair = False  # a flush failed to cut its files back or mark its intent: recover at close
         self._closed = False  # close() has written the last flush: appends are refused
+        self._closed_ok = True  # what close() returned
         self.fault: str | None = None  # why the last flush (or opening the journal) failed; None after a success
         self.failures = 0  # appends answered with SinkError
         self.busy_since = 0.0  # time.monotonic() when the sink thread began the flush it is in; 0 when idle
@@ -499,9 +500,10 @@ class DailyFileSink:
         most what is left of it), then close the journal and stop the sink thread. Returns
         True when every append was written; False when some got SinkError, or the sink thread
         is stuck in a flush (its appends are then never answered: the caller exits). Appends
-        that come while it waits for the flushes are written; any after that are refused."""
+        that come while it waits for the flushes are written; any after that are refused. A
+        second call returns what the first did (True while the first is still under way)."""
         if self._closed:
-            return True
+            return self._closed_ok
         deadline = time.monotonic() + timeout
         failures = self.failures
         # Waits for the lock, the one under way included, end a little before the deadline: a
@@ -523,9 +525,11 @@ class DailyFileSink:
             self._fail(self._pending, "the server stopped before this request could be written")
             self._pending = []
             self._executor.shutdown(wait=False)
+            self._closed_ok = False
             return False
         self._executor.shutdown(wait=True)
-        return self.failures == failures and not self._repair
+        self._closed_ok = self.failures == failures and not self._repair
+        return self._closed_ok
 
     def _recover(self) -> None:
         try:
