@@ -155,7 +155,14 @@ def serve(config: Config) -> int:
         except ValueError as exc:
             log.error("%s", exc)
             return 2
+        in_process = config.no_fork or profiling.active()
         count = config.worker_count()
+        if in_process and count > 1:
+            # kernprof -l app.py without --processes 1: one worker, here, on one socket. (Bound
+            # for every worker, the sockets no one accepted on took their share of the
+            # connections, and left them waiting.)
+            log.warning("under kernprof one worker serves, in this process: --processes %d is not used", count)
+            count = 1
         try:
             sockets = bind_sockets(config, count)
         except AddressInUse as exc:
@@ -167,7 +174,6 @@ def serve(config: Config) -> int:
                 "prefer --token-file or TINY_TOKEN"
             )
         host, port = sockets[0].getsockname()[:2]
-        in_process = config.no_fork or profiling.active()
         log.info(
             "tiny %s listening on http://%s:%d with %d worker process(es)%s, codec %s (%s), data dir %s, "
             "durability %s, at most %d connections per worker (RLIMIT_NOFILE %d), %s",
