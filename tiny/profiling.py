@@ -1,6 +1,6 @@
 """``profile``: kernprof's line-profiling decorator when run under ``kernprof -l``, else a no-op.
 
-Usage: ``kernprof -l app.py --processes 1``, post some batches, Ctrl-C, then
+Usage: ``kernprof -l app.py`` (one worker, in this process), post some batches, Ctrl-C, then
 ``python -m line_profiler app.py.lprof``. Only the functions decorated with ``@profile``
 (the hot path: codec, handler, sink flush) are timed line by line.
 """
