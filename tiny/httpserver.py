@@ -313,10 +313,8 @@ class _Connection(HTTP1Connection):
         asked for it, and an HTTP/1.0 request that asked for keep-alive gets it."""
         request = self._request_start_line
         assert request is not None and self._request_headers is not None
-        if close or (request.version == "HTTP/1.1" and self._disconnect_on_finish):
-            head += b"Connection: close\r\n"
-        elif request.version == "HTTP/1.0" and self._request_headers.get("Connection", "").lower() == "keep-alive":
-            head += b"Connection: Keep-Alive\r\n"
+        asked = self._request_headers.get("Connection", "").lower() == "keep-alive"
+        head += _connection_line(request.version, close, self._disconnect_on_finish, asked)
         self._chunking_output = False
         self._expected_content_remaining = 0
         future = self._write_future = Future()
@@ -459,25 +457,27 @@ class _ServerConnection(HTTP1ServerConnection):
         fields = parse_fast_head(head)
         if fields is None:
             return None
-        stream = self.stream
-        http11 = head[_VERSION_AT] == 0x31  # HTTP/1.1, else HTTP/1.0
+        stream, server = self.stream, self.server
+        start_line = _START_LINES[head[_VERSION_AT] == 0x31]  # HTTP/1.1, else HTTP/1.0
         asked = fields.get("Connection", "").lower()
-        keep_alive = not self.params.no_keep_alive and (asked != "close" if http11 else asked == "keep-alive")
-        conn = _FastConnection(stream, self.context, http11, keep_alive, asked == "keep-alive")
-        assert self.server.lean is not None
-        request: FastDelegate | None = self.server.lean(_START_LINES[http11], fields, conn)
+        keep_alive = not self.params.no_keep_alive and (
+            asked != "close" if start_line.version == "HTTP/1.1" else asked == "keep-alive"
+        )
+        conn = _FastConnection(stream, self.context, start_line.version, keep_alive, asked == "keep-alive")
+        assert server.lean is not None
+        request: FastDelegate | None = server.lean(start_line, fields, conn)
         if request is None:
             return None
         left = int(fields["Content-Length"])
-        server = self.server
+        to_come = stream._read_buffer_size < left  # type: ignore[attr-defined]
         # A body still to come is bounded by the body timeout: the server's sweep closes the
         # stream past it (no timer per request), which ends the read below.
-        timed = stream._read_buffer_size < left and conn.body_timeout is not None  # type: ignore[attr-defined]
+        timed = to_come and conn.body_timeout is not None
         if timed:
             self.timed_out = False
             server.reading[self] = IOLoop.current().time()
         try:
-            if timed and _WHOLE_BODY <= left <= BODY_PIECE and server.whole_bytes + left <= _WHOLE_BUDGET:
+            if to_come and _WHOLE_BODY <= left <= BODY_PIECE and server.whole_bytes + left <= _WHOLE_BUDGET:
                 # A big body still to come is read into one buffer of its size: the socket reads
                 # land there (recv_into), where pieces would each be a zeroed 64 KiB buffer,
                 # copied into the stream's buffer, copied out, then joined. Such buffers are
@@ -535,14 +535,14 @@ class _FastConnection:
     """The connection a request on the fast way answers through: what the lean way uses of
     :class:`_Connection` (``write_answer``, the body limits, ``stream``, ``context``)."""
 
-    __slots__ = ("stream", "context", "http11", "close", "asked_keep_alive", "body_timeout", "written")
+    __slots__ = ("stream", "context", "version", "close", "asked_keep_alive", "body_timeout", "written")
 
     def __init__(
-        self, stream: iostream.IOStream, context: Any, http11: bool, keep_alive: bool, asked_keep_alive: bool
+        self, stream: iostream.IOStream, context: Any, version: str, keep_alive: bool, asked_keep_alive: bool
     ) -> None:
         self.stream = stream
         self.context = context
-        self.http11 = http11
+        self.version = version
         self.close = not keep_alive  # the connection closes after this answer
         self.asked_keep_alive = asked_keep_alive  # Connection: keep-alive (HTTP/1.0's way to ask)
         self.body_timeout: float | None = None
@@ -558,13 +558,22 @@ class _FastConnection:
     def write_answer(self, head: bytes, body: bytes, close: bool = False) -> None:
         """Write the answer as :meth:`_Connection.write_answer` does, with the same
         ``Connection`` header."""
-        if close or (self.http11 and self.close):
-            head += b"Connection: close\r\n"
-        elif not self.http11 and self.asked_keep_alive:
-            head += b"Connection: Keep-Alive\r\n"
+        head += _connection_line(self.version, close, self.close, self.asked_keep_alive)
         self.close = self.close or close
         if not self.stream.closed():
             self.written = self.stream.write(head + b"\r\n" + body)
+
+
+def _connection_line(version: str, close: bool, disconnect: bool, asked_keep_alive: bool) -> bytes:
+    """The ``Connection`` line of an answer, as ``HTTP1Connection.write_headers`` writes it:
+    ``close`` when the answer closes the connection (``close``) or an HTTP/1.1 request's
+    connection ends after it (``disconnect``); ``Keep-Alive`` to an HTTP/1.0 request that asked
+    for it; else none."""
+    if close or (version == "HTTP/1.1" and disconnect):
+        return b"Connection: close\r\n"
+    if version == "HTTP/1.0" and asked_keep_alive:
+        return b"Connection: Keep-Alive\r\n"
+    return b""
 
 
 # The fast way's request head: this request line, CRLF line ends, header fields whose names are
