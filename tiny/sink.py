@@ -70,6 +70,7 @@ log = logging.getLogger("tiny.sink")
 CRASH_POINTS = ("before-writes", "between-writes", "after-writes", "after-commit", "after-finish", "worker-start")
 MAX_FLUSH_APPENDS = limits.MAX_FLUSH_APPENDS  # appends (so keys) in one flush: bounds its transaction and expiry
 _IOV_MAX = 1024  # buffers one writev(2) takes (Linux's IOV_MAX)
+_APPEND = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC  # how a flush opens its files (RDWR: the last byte is read)
 _REOPEN_SECONDS = 1.0  # a journal that failed to open is tried again at most this often
 _STOPPING = "the server is stopping"
 _WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for the lock before /healthz reports it
@@ -452,14 +453,14 @@ class DailyFileSink:
         (which recovery removes) is only ever a file this flush made."""
         path = os.path.join(self._data_dir, name)
         try:
-            return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC), False
+            return os.open(path, _APPEND), False
         except FileNotFoundError:
             pass
         os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
-            return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), True
+            return os.open(path, _APPEND | os.O_CREAT | os.O_EXCL, 0o644), True
         except FileExistsError:  # made meanwhile by someone outside the flush lock
-            return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC), False
+            return os.open(path, _APPEND), False
 
     def _roll_back(self, opened: list[tuple[int, Intent]], flush: Flush) -> None:
         """Cut every file of a failed flush back and mark its intent undone; if that fails
