@@ -10,9 +10,6 @@ Usage:
 
 What it does:
 
-0. Touches --prefault-gib of memory once (bench/harness/proc.prefault): on a fresh VM the
-   first write into a page of guest memory costs a host fault, which would bill the day files'
-   page cache to the servers' CPU at a third of the real copy speed.
 1. Bodies from the sample day (../shared/data/cran-logs/2014-05-04.csv.gz, read in place) into
    bench/results/bodies/: the first 1,600 and 16,000 records as NDJSON, the same with the keys
    of every line shuffled (real clients differ), and gzip-compressed ones.
@@ -57,7 +54,7 @@ from bench.harness import RESULTS  # noqa: E402
 from bench.harness.bodies import make_bodies  # noqa: E402
 from bench.harness.output import machine, merged, run_sink_bench, write_results  # noqa: E402
 from bench.harness.plans import CONCURRENCY, CORES, Config, configurations, experiments  # noqa: E402
-from bench.harness.proc import loadavg, prefault  # noqa: E402
+from bench.harness.proc import loadavg  # noqa: E402
 from bench.harness.runner import Runner, interleaved, sweep  # noqa: E402
 from tiny.testing import SAMPLE_DAY, docker_unavailable  # noqa: E402
 
@@ -85,12 +82,6 @@ def _parse(argv: Sequence[str] | None, configs: dict[str, Config]) -> argparse.N
     )
     parser.add_argument(
         "--results", type=Path, help="output directory (default bench/results; bench/results/quick with --quick)"
-    )
-    parser.add_argument(
-        "--prefault-gib",
-        type=float,
-        default=8.0,
-        help="GiB of memory to touch once before measuring (default 8; 0: none): see bench/harness/proc.prefault",
     )
     parser.add_argument("--list", action="store_true", help="print configurations and experiments, then exit")
     args = parser.parse_args(argv)
@@ -162,8 +153,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner = Runner(seconds, 20 if args.quick else 50, 2_000 if args.quick else args.max_requests, results_dir / "ab")
     shutil.rmtree(runner.raw_dir, ignore_errors=True)
     info = machine()
-    info["prefault"] = prefault(0.0 if args.quick else args.prefault_gib)
-    print(f"touched {info['prefault']['gib']} GiB of memory first: {info['prefault']['mb_per_s']} MB/s", flush=True)
     print(
         f"machine: {info['cpu']}, {info['usable_cores']} usable cores, load {' '.join(info['loadavg'])}, "
         f"codec {info['codec_installed']}",

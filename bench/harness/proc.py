@@ -5,11 +5,9 @@ whole machine, resident memory, the load average, the CPU model, and what a data
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import resource
 import sqlite3
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,27 +106,6 @@ def rss_kb(pid: int) -> int:
 def tree_rss_kb(roots: Sequence[int]) -> int:
     """Resident memory of the trees under ``roots`` in KiB, summed."""
     return sum(rss_kb(pid) for pid in process_tree(roots))
-
-
-def prefault(gib: float) -> dict[str, float]:
-    """Touch ``gib`` GiB of fresh memory once, then free it, and say how fast that went.
-
-    On a fresh VM (these machines are Firecracker guests) the first write into a page of guest
-    memory costs a fault in the host: the page cache a server fills by appending runs at about
-    450 MB/s of CPU then, against 2.2-3.8 GB/s into pages touched before. That cost scales with
-    the bytes written, so it weighs on a fast server's CPU per record (a third of Tiny's at
-    1,600 records) and hardly on a slow one's, and it fades as the run goes. A host that has
-    run for a while has touched its memory; so the run touches it first. The kernel hands the
-    freed pages out again, to the page cache the points fill (emptied after every point).
-    """
-    size = int(gib * 1024**3) // mmap.PAGESIZE * mmap.PAGESIZE
-    if size <= 0:
-        return {"gib": 0.0, "seconds": 0.0, "mb_per_s": 0.0}
-    started = time.monotonic()
-    with mmap.mmap(-1, size) as block:
-        block[:: mmap.PAGESIZE] = b"\1" * (size // mmap.PAGESIZE)
-    seconds = time.monotonic() - started
-    return {"gib": gib, "seconds": round(seconds, 2), "mb_per_s": round(size / seconds / 1e6)}
 
 
 def loadavg() -> list[str]:
