@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tiny import layout
-from tiny.journal import WAL_LIMIT, Claim, Intent, Journal, JournalError, LockTimeout, Stored
+from tiny.journal import WAL_LIMIT, Claim, Intent, Journal, JournalError, LockTimeout
 
 
 def opened(data: Path, accept_new: bool = False, **kwargs: object) -> Journal:
@@ -132,57 +132,6 @@ def test_past_max_keys_the_oldest_go_but_never_those_of_the_flush_committing(tmp
     held = [key for (key,) in journal.db.execute("SELECT key FROM idempotency_keys")]
     assert sorted(held) == [f"new{n}" for n in range(5)]
     assert journal.held == 5
-
-
-@pytest.mark.parametrize("count", [3, 450])  # one INSERT; three in one transaction
-def test_a_commit_stores_all_of_a_flushs_new_keys_or_none(tmp_path: Path, count: int) -> None:
-    """The keys are stored at the commit, all at once: a key that appeared meanwhile (a writer
-    that ignored the lock) fails the commit, and none of the others is stored either."""
-    journal = opened(tmp_path)
-    keys = [f"k{n}" for n in range(count)]
-    with journal.locked():
-        assert journal.claim(claims(*keys)) == {}
-        intruder = sqlite3.connect(layout.journal_path(tmp_path))
-        intruder.execute(
-            "INSERT INTO idempotency_keys (key, digest, answer, stored) VALUES (?, 'd', 'a', 0)", (keys[-1],)
-        )
-        intruder.commit()
-        intruder.close()
-        with pytest.raises(sqlite3.IntegrityError):
-            journal.commit()
-        assert journal.db.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0] == 1
-        journal.db.execute("DELETE FROM idempotency_keys")
-        assert journal.claim(claims(*keys)) == {}
-        journal.commit()
-        assert journal.claim(claims(*keys)) == {key: Stored(b"d", b"a") for key in keys}
-        assert journal.last is not None and journal.last[0] == keys[-1]
-
-
-def test_a_claim_writes_nothing_until_the_commit(tmp_path: Path) -> None:
-    journal = opened(tmp_path)
-    with journal.locked():
-        journal.claim(claims("k1", "k2"))
-        assert journal.db.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0] == 0
-        assert not journal.db.in_transaction
-        journal.rollback()
-        journal.commit()  # the rollback forgot them: nothing to store
-        assert journal.db.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0] == 0
-
-
-def test_a_failed_expiry_after_the_keys_are_stored_does_not_fail_the_commit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Once the INSERT stored the keys the flush is committed: raising then would make the sink
-    cut back rows whose keys stay, and a retry would be answered for rows that are gone."""
-    journal = opened(tmp_path)
-
-    def refused(*args: object, **kwargs: object) -> None:
-        raise sqlite3.OperationalError("database or disk is full")
-
-    monkeypatch.setattr(journal, "_account", refused)
-    with journal.locked():
-        commit(journal, claims("k"))
-        assert journal.claim(claims("k")) == {"k": Stored(b"d", b"a")}
 
 
 def test_the_count_of_keys_follows_commits_and_expiry(tmp_path: Path) -> None:

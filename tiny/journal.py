@@ -24,10 +24,10 @@ most ``lock_timeout`` seconds for it (:class:`LockTimeout` names the holder then
   ``idempotency_keys``, per Idempotency-Key in the order stored (``seq``), the digest of the
   body it came with (:meth:`Journal.digest`: 128 bits of BLAKE3 keyed with a secret of this
   journal) and the answer that was sent; table ``meta``, the data dir's id, the journal
-  mode and the digest secret. A flush with keys looks them up before its intent and data
-  (:meth:`Journal.claim`: one SELECT for all of them; one found is "held") and stores the
-  new ones after the data with one INSERT (:meth:`Journal.commit`, its commit point: a
-  statement is all or nothing), before it marks the intent; recovery, finding the intent's first key stored,
+  mode and the digest secret. A flush with keys claims them in one transaction
+  (:meth:`Journal.claim`: one ``INSERT ... ON CONFLICT DO NOTHING`` per key, a conflict
+  meaning "held") before its intent and data, and commits it after the data (its commit
+  point), before it marks the intent; recovery, finding the intent's first key stored,
   keeps the files (that key had no row when the flush began, under the same lock, and only
   that flush's commit stores it). A flush without keys does not touch SQLite; its commit
   point is the ``b"-"`` mark. A key counts for ``window`` seconds; at most ``max_keys`` are
@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import logging
 import os
 import socket
@@ -102,8 +101,8 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 """
 _TABLE = "idempotency_keys"
+_INSERT = f"INSERT INTO {_TABLE} (key, digest, answer, stored) VALUES (?, ?, ?, ?) ON CONFLICT (key) DO NOTHING"
 _SELECT = f"SELECT digest, answer, stored FROM {_TABLE} WHERE key = ?"
-_ROWS_AT_ONCE = 200  # keys one SELECT or INSERT names (4 parameters each; SQLite allows 32,766 from 3.32 on)
 _OLDEST = f"SELECT seq, stored FROM {_TABLE} ORDER BY seq LIMIT 1"
 _NEWEST = f"SELECT key, seq, stored FROM {_TABLE} ORDER BY seq DESC LIMIT 1"
 _LIVE, _FINISHED, _UNDONE = b"I", b"-", b"x"  # the intent's first byte: under way, committed, undone
@@ -265,7 +264,8 @@ class Journal:
         self._journal_file = str(layout.journal_path(self.data_dir))
         self._holder = b""  # "<pid> <host> ", the start of this process's holder record
         self._host = socket.gethostname()
-        self._claimed: list[tuple[str, bytes, bytes, float]] = []  # claim()'s new keys, for commit() to store
+        self._inserted = 0  # keys claim() inserted in the open transaction
+        self._claimed: tuple[str, int] | None = None  # the last of them: (key, seq)
         self._commits = 0
         self._oldest: tuple[int, float] | None = None  # (seq, stored) of the oldest key, when last read
 
@@ -705,42 +705,49 @@ class Journal:
         return Flush(self, decisions, first_key)
 
     def claim(self, claims: list[Claim]) -> dict[str, Stored]:
-        """Find which of ``claims`` (distinct keys) the journal holds within the window, with
-        their digest and answer: their appends write nothing. The others are kept for
-        :meth:`commit` to store after the data; :meth:`rollback` forgets them. No claims:
-        nothing.
+        """Open the flush's transaction and insert each of ``claims`` (distinct keys) that the
+        journal does not hold; returns those it holds within the window, with their digest
+        and answer: their appends write nothing. The inserts become durable with
+        :meth:`commit`, after the data; :meth:`rollback` drops them. No claims: nothing.
 
-        One SELECT for all the keys, found or not, and nothing written: every statement is a
-        call that lets go of the GIL, and on a busy server each such hand-off back and forth
-        with the event loop cost more than SQLite's own work (a flush of four keys paid 100 us
-        with a statement per key). A key held past the window is deleted first, in a
-        transaction of its own, and the claim starts again: so the first key that
-        :meth:`commit` stores had no row before, and recovery, finding it, knows the flush
-        committed. Lock held (no other writer stores a key until the commit)."""
-        self._claimed = []
+        One statement per key, found or not (the usual flush has one new key). A key held past
+        the window is deleted first, in a transaction of its own, and the claim starts again:
+        so the first key inserted had no row before, and recovery, finding it, knows the flush
+        committed. Lock held."""
         if not claims:
             return {}
         while True:
-            found: dict[str, tuple[bytes, bytes, float]] = {}
-            for start in range(0, len(claims), _ROWS_AT_ONCE):
-                part = claims[start : start + _ROWS_AT_ONCE]
-                for key, held_digest, held_answer, stored in self.db.execute(
-                    _select_keys(len(part)), [c.key for c in part]
-                ):
-                    found[key] = (held_digest, held_answer, stored)
-            now = time.time()
-            expired = [(key,) for key, (_, _, stored) in found.items() if stored < now - self.window]
+            self.db.execute("BEGIN IMMEDIATE")
+            held: dict[str, Stored] = {}
+            expired: list[tuple[str]] = []
+            inserted = 0
+            oldest = (now := time.time()) - self.window
+            try:
+                for claim in claims:
+                    cursor = self.db.execute(_INSERT, (claim.key, claim.digest, claim.answer, now))
+                    if cursor.rowcount == 1:
+                        inserted += 1
+                        self._claimed = (claim.key, cursor.lastrowid or 0)
+                        continue
+                    held_digest, held_answer, stored = self.db.execute(_SELECT, (claim.key,)).fetchone()
+                    if stored < oldest:
+                        expired.append((claim.key,))
+                    else:
+                        held[claim.key] = Stored(held_digest, held_answer)
+            except BaseException:
+                self.rollback()
+                raise
             if not expired:
-                break
+                self._inserted = inserted
+                return held
+            self.rollback()
             with immediate(self.db):
                 self.db.executemany(f"DELETE FROM {_TABLE} WHERE key = ?", expired)
-        self._claimed = [(c.key, c.digest, c.answer, now) for c in claims if c.key not in found]
-        return {key: Stored(held_digest, held_answer) for key, (held_digest, held_answer, _) in found.items()}
 
     def rollback(self) -> None:
-        """Forget the keys :meth:`claim` found new (a flush that failed). Lock held."""
-        self._claimed = []
-        if self._db is not None and self._db.in_transaction:  # none is left open; a failed one is ended
+        """Drop the keys :meth:`claim` inserted (a flush that failed). Lock held."""
+        self._inserted = 0
+        if self._db is not None and self._db.in_transaction:  # not when SQLite rolled back by itself
             self._db.execute("ROLLBACK")
 
     def intend(self, intents: list[Intent], first_key: str | None = None) -> None:
@@ -756,35 +763,28 @@ class Journal:
             os.fsync(self._intent_fd)
 
     def commit(self) -> None:
-        """The flush's data is written: store the keys :meth:`claim` found new, with one
-        INSERT (the commit point of a flush with keys: a statement is all or nothing), then
-        expire old keys if any are due, at most twice as many plus EXPIRE_SLACK. :meth:`finish`
-        comes next. Raises when the keys were not stored (the flush failed: its caller cuts
-        the files back); never after they were. Lock held."""
-        rows, self._claimed = self._claimed, []
-        if not rows:
+        """The flush's data is written: commit the keys :meth:`claim` inserted (the commit
+        point of a flush with keys), expiring at most twice as many old keys plus
+        EXPIRE_SLACK first. :meth:`finish` comes next. Lock held."""
+        if self._db is None or not self._db.in_transaction:
             return
-        if len(rows) <= _ROWS_AT_ONCE:
-            newest = self.db.execute(_insert_keys(len(rows)), [v for row in rows for v in row]).lastrowid or 0
-        else:
-            with immediate(self.db):  # one transaction still: all the flush's keys or none
-                for start in range(0, len(rows), _ROWS_AT_ONCE):
-                    part = rows[start : start + _ROWS_AT_ONCE]
-                    cursor = self.db.execute(_insert_keys(len(part)), [v for row in part for v in row])
-                newest = cursor.lastrowid or 0
-        self.last = (rows[-1][0], newest, time.time())
-        self._commits += 1
+        inserted, self._inserted = self._inserted, 0
         try:
-            self._account(newest, before=newest - len(rows) + 1, limit=2 * len(rows) + EXPIRE_SLACK)
-        except sqlite3.Error as exc:  # committed all the same: the next commit expires them
-            log.warning("could not expire old idempotency keys: %s", exc)
-            if self.db.in_transaction:
-                self.db.execute("ROLLBACK")
+            if inserted and self._claimed is not None:
+                self._commits += 1
+                newest = self._claimed[1]
+                self._account(newest, before=newest - inserted + 1, limit=2 * inserted + EXPIRE_SLACK)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.rollback()
+            raise
+        if inserted and self._claimed is not None:
+            self.last = (self._claimed[0], self._claimed[1], time.time())
 
     def _account(self, newest: int, before: int, limit: int) -> None:
         """Update ``held`` and expire old keys if any are due, at most ``limit`` of them, all
-        older than seq ``before`` (the keys of the flush just committed stay), in a
-        transaction of their own."""
+        older than seq ``before`` (the keys of the flush being committed stay). In the
+        caller's transaction."""
         if self._oldest is None or self._commits % _RECOUNT_EVERY == 0 or newest < self._oldest[0]:
             # unknown, or stale: other processes expire keys too, and seq starts at 1 again
             # once the table is empty
@@ -794,19 +794,18 @@ class Journal:
         now = time.time()
         if self.held <= self.max_keys and self._oldest[1] >= now - self.window:
             return  # nothing is due: no query
-        with immediate(self.db):
-            rows = self.db.execute(
-                f"SELECT seq, stored FROM {_TABLE} WHERE seq < ? ORDER BY seq LIMIT ?", (before, limit + 1)
-            ).fetchall()
-            cutoff, excess = now - self.window, self.held - self.max_keys
-            count = 0
-            for _, stored in rows[:limit]:
-                if stored >= cutoff and count >= excess:
-                    break
-                count += 1
-            if count:
-                self.db.execute(f"DELETE FROM {_TABLE} WHERE seq <= ?", (rows[count - 1][0],))
-        self.expired += count
+        rows = self.db.execute(
+            f"SELECT seq, stored FROM {_TABLE} WHERE seq < ? ORDER BY seq LIMIT ?", (before, limit + 1)
+        ).fetchall()
+        cutoff, excess = now - self.window, self.held - self.max_keys
+        count = 0
+        for _, stored in rows[:limit]:
+            if stored >= cutoff and count >= excess:
+                break
+            count += 1
+        if count:
+            self.db.execute(f"DELETE FROM {_TABLE} WHERE seq <= ?", (rows[count - 1][0],))
+            self.expired += count
         self._oldest = (rows[count][0], rows[count][1]) if count < len(rows) else (before, now)
         self.held = newest - self._oldest[0] + 1
 
@@ -901,18 +900,6 @@ def _parse_intent(record: bytes) -> tuple[str | None, list[Intent], tuple[str, i
         for f in files
     ]
     return first_key, intents, last  # type: ignore[return-value]
-
-
-@functools.cache
-def _select_keys(count: int) -> str:
-    """The SELECT of ``count`` keys' rows (the text is cached: so is SQLite's statement)."""
-    return f"SELECT key, digest, answer, stored FROM {_TABLE} WHERE key IN ({', '.join('?' * count)})"
-
-
-@functools.cache
-def _insert_keys(count: int) -> str:
-    """The INSERT of ``count`` rows of (key, digest, answer, stored)."""
-    return f"INSERT INTO {_TABLE} (key, digest, answer, stored) VALUES {', '.join(['(?, ?, ?, ?)'] * count)}"
 
 
 def _connect(path: Path, create: bool) -> sqlite3.Connection:

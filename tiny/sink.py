@@ -10,11 +10,11 @@ DATA_DIR:
 - A flush holds the data dir's flush lock from start to end (every writer takes it, waiting
   at most the journal's ``lock_timeout``), so rows of different writers never interleave,
   and "is the file empty, then write the header" is race-free. It first lets the journal
-  repair what a crashed flush left, then claims its appends' idempotency keys (looks them
-  up; the new ones are stored only after the data), then records its intent
+  repair what a crashed flush left, then claims its appends' idempotency keys (the new ones
+  are inserted in a transaction that commits only after the data), then records its intent
   (the files, their sizes before and after, the first new key), then writes each file it
   touches with ONE ``writev(2)`` of the appends' chunks (as they are: no join) on an
-  ``O_APPEND`` descriptor, then stores the new keys in one INSERT (if any: the commit point)
+  ``O_APPEND`` descriptor, then commits the keys' transaction (if any: the commit point)
   and marks its intent committed (the commit point of a flush without keys). Killed at any
   point, a flush leaves its rows and keys both, or neither.
 - Which append writes and which is answered from a stored answer is the journal's to say
