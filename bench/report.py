@@ -6,12 +6,13 @@ Usage:
 
 Prints the markdown (and writes it to ``--out``): the machine and load, the headline ratios
 against their targets (from the interleaved experiments of bench/run.py: medians over the
-rounds, with each round's ratio), then the sweep: records/s by concurrency with the ratio to
-the seed-style 1-process server at the same concurrency, keep-alive and records per body;
-the c=8 and c=16 points in full (ratio to the HTTP floor with as many processes, p50/p99,
-CPU-seconds per million records, the busiest process's share of the CPU); CPU-seconds per
-million records per configuration; and the sink microbenchmark. ``--all-points`` adds
-every point.
+rounds, with each round's ratio), the lean path's tables at every body size (experiments lean
+and lean-keys: against the seed and the floor, a key's cost, nginx's), then the sweep:
+records/s by concurrency with the ratio to the seed-style 1-process server at the same
+concurrency, keep-alive and records per body; the c=8 and c=16 points in full (ratio to the
+HTTP floor with as many processes, p50/p99, CPU-seconds per million records, the busiest
+process's share of the CPU); CPU-seconds per million records per configuration; and the sink
+microbenchmark. ``--all-points`` adds every point.
 """
 
 from __future__ import annotations
@@ -421,6 +422,112 @@ def machine(results: Results) -> str:
     )
 
 
+# --------------------------------------------------------------------------- the lean path's tables
+
+_LEAN_SEED_TARGET = {"1600": 15.0}  # tiny-1 / seed-1 req/s; 1.2 at every other size
+_LEAN_FLOOR_TARGET = {"1": 0.85, "10": 0.85, "100": 0.85}  # tiny-1 / floor-1 req/s
+_KEY_TARGET = {"1": 1.10, "100": 1.05}  # keyed / plain CPU per record
+
+
+def _by_round(results: Results, experiment: str, config: str, body: str) -> dict[int, Point]:
+    return {p["round"]: p for p in results.select(experiment, config=config, body=body)}
+
+
+def _ratios(a: dict[int, Point], b: dict[int, Point], key: str) -> list[float]:
+    """``a``'s figure over ``b``'s, round by round (the rounds both have)."""
+    found = (ratio(a[r][key], b[r][key]) for r in sorted(a) if r in b)
+    return [value for value in found if value is not None]
+
+
+def _cell(ratios: list[float]) -> str:
+    middle = median(ratios)
+    return f"{', '.join(f'{r:.2f}' for r in ratios)}; **{middle:.2f}**" if middle is not None else "-"
+
+
+def _us(points: dict[int, Point]) -> str:
+    """The median CPU per record of ``points`` in µs."""
+    value = median(p["cpu_s_per_million"] for p in points.values())
+    return "-" if value is None else (f"{value:.3g}" if value < 10 else f"{value:.0f}")
+
+
+def lean_tables(results: Results) -> str | None:
+    """The issue "Speed: the lean ingest path"'s tables from the ``lean`` and ``lean-keys``
+    experiments: tiny-1 against seed-1 and floor-1 at every body size (requests/s, round by
+    round, medians, CPU per record), then a fresh key's cost and nginx's in front."""
+    parts: list[str] = []
+    bodies = list(dict.fromkeys(p["body"] for p in results.select("lean")))
+    if bodies:
+        rows = []
+        for body in bodies:
+            tiny, seed, floor = (_by_round(results, "lean", config, body) for config in ("tiny-1", "seed-1", "floor-1"))
+            rows.append(
+                [
+                    f"{int(body):,}" if body.isdigit() else body,
+                    _cell(_ratios(tiny, seed, "rps")),
+                    f"{_LEAN_SEED_TARGET.get(body, 1.2):g}",
+                    _cell(_ratios(tiny, floor, "rps")),
+                    f"{_LEAN_FLOOR_TARGET[body]:g}" if body in _LEAN_FLOOR_TARGET else "-",
+                    f"{_us(seed)}, {_us(floor)}, {_us(tiny)}",
+                ]
+            )
+        parts.append(
+            table(
+                [
+                    "body",
+                    "tiny-1 / seed-1 req/s (per round; median)",
+                    "target",
+                    "tiny-1 / floor-1 (per round; median)",
+                    "target",
+                    "CPU per record: seed, floor, tiny (µs)",
+                ],
+                rows,
+                "rlrlrl",
+            )
+        )
+    keyed = [p["body"] for p in results.select("lean-keys") if p["config"].startswith("tiny-1-keys-")]
+    if keyed:
+        rows = []
+        for body in dict.fromkeys(keyed):
+            plain = _by_round(results, "lean-keys", f"tiny-1-post-{body}", body)
+            keys = _by_round(results, "lean-keys", f"tiny-1-keys-{body}", body)
+            target = _KEY_TARGET.get(body)
+            rows.append(
+                [
+                    f"a fresh key per request, {int(body):,}-record bodies",
+                    _us(plain),
+                    _us(keys),
+                    _cell(_ratios(keys, plain, "cpu_s_per_million")),
+                    f"{target:g}" if target else "-",
+                ]
+            )
+        nginx = _by_round(results, "lean-keys", "nginx-1-1600", "1600")
+        keyed_1600 = _by_round(results, "lean-keys", "tiny-1-keys-1600", "1600")
+        if nginx and keyed_1600:
+            rows.append(
+                [
+                    "nginx in front of a keyed tiny-1 (its own keys), 1,600",
+                    _us(keyed_1600),
+                    _us(nginx),
+                    _cell(_ratios(nginx, keyed_1600, "cpu_s_per_million")),
+                    "1.1",
+                ]
+            )
+        parts.append(
+            table(
+                [
+                    "what it costs",
+                    "without (µs per record)",
+                    "with",
+                    "with / without, CPU per record (per round; median)",
+                    "target",
+                ],
+                rows,
+                "lrrlr",
+            )
+        )
+    return "\n\n".join(parts) if parts else None
+
+
 def render(results: Results, all_points: bool = False) -> str:
     """The whole markdown report."""
     parts = [
@@ -431,6 +538,9 @@ def render(results: Results, all_points: bool = False) -> str:
         "### Server cost of the headline runs",
         cost_of_headlines(results),
     ]
+    lean = lean_tables(results)
+    if lean:
+        parts += ["## The lean path at every body size (experiments lean and lean-keys)", lean]
     bodies = list(dict.fromkeys(p["body"] for p in results.select("sweep")))
     for body in bodies:
         for keepalive in (True, False):
