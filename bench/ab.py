@@ -9,12 +9,13 @@ OLD is a commit (checked out into a temporary git worktree, removed afterwards) 
 of another tree. Its compiled codec is this tree's when the two trees' codec sources are the same,
 else built there (maturin, into that tree only). Then:
 
-1. both servers start (``app.py --processes 1``, a fresh data dir each, free ports on 127.0.0.1);
-2. each round runs the driver against one, then the other (old-new, then new-old next round, so a
-   drift or the second place in a round hits both alike): ab (``-t SECONDS -c C -k``) or, with
-   ``--keys``, bench/post_load.py with a fresh Idempotency-Key per request (ab cannot vary a
-   header); the servers' CPU (utime + stime of their process trees, from /proc) before and after;
-   the day files are removed after every round (the journal stays, as in bench/run.py);
+1. both servers start (``app.py --processes 1``, a fresh data dir each, free ports on 127.0.0.1)
+   and are warmed up;
+2. each round measures one, then the other (old-new, then new-old next round, so a drift or the
+   second place in a round hits both alike), each a point as bench/run.py measures it
+   (bench/harness/runner.py: ab ``-c C -k`` sized to about SECONDS, or with ``--keys``
+   bench/post_load.py with a fresh Idempotency-Key per request; the servers' CPU from /proc
+   before and after; the day files removed after it, the journal kept);
 3. prints each round's new/old ratios of CPU per request and of requests/s, and their medians.
 
 These machines are noisy (two shared cores; a point's CPU per request moves 15-20% between rounds
@@ -32,7 +33,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -41,9 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import RESULTS  # noqa: E402
 from bench.harness.bodies import Body, make_bodies  # noqa: E402
-from bench.harness.drivers import ab_command, parse_ab, parse_post_load, post_load_command, run_driver  # noqa: E402
-from bench.harness.proc import CpuSnapshot  # noqa: E402
-from bench.harness.runner import clear_dir  # noqa: E402
+from bench.harness.runner import PointSpec, Runner  # noqa: E402
 from bench.harness.services import LocalServer  # noqa: E402
 from tiny.codec import source_hash  # noqa: E402
 
@@ -104,24 +102,17 @@ def with_codec(tree: Path) -> None:
     )
 
 
-def one_round(server: LocalServer, body: Body, args: argparse.Namespace, scratch: Path) -> tuple[float, float]:
-    """Load ``server`` once: (its CPU-seconds per request, requests/s)."""
-    if args.keys:
-        command = post_load_command(server.url, body, args.concurrency, args.seconds, f"ab{time.time_ns()}")
-    else:
-        percentiles = scratch / f"{server.name}-percentiles.csv"
-        command = ab_command(server.url, body, args.concurrency, True, 10_000_000, args.seconds, percentiles)
-    before = CpuSnapshot.take(server.roots())
-    output, code = run_driver(command, args.seconds * 5 + 30)
-    after = CpuSnapshot.take(server.roots())
-    figures = parse_post_load(output) if args.keys else parse_ab(output)
-    answered = figures["complete"] - figures["failed"] - figures["non2xx"]
-    if code != 0 or answered <= 0 or figures["failed"] or figures["non2xx"]:
-        raise RuntimeError(f"{server.name}: the driver failed ({code}): {output.strip()[-300:]}")
-    cpu = sum(after.processes.values()) - sum(before.processes.get(pid, 0.0) for pid in after.processes)
-    if server.data_dir is not None:
-        clear_dir(server.data_dir)
-    return cpu / answered, figures["rps"]
+def one_round(
+    runner: Runner, server: LocalServer, body: Body, args: argparse.Namespace, number: int
+) -> tuple[float, float]:
+    """Load ``server`` once, as bench/run.py measures a point: (its CPU-seconds per request, requests/s)."""
+    driver = "post" if args.keys else "ab"
+    spec = PointSpec(server.name, body, args.concurrency, True, driver, args.keys, "ab", number)
+    point = runner.point(spec, server)
+    answered = point["complete"] - point["failed"] - point["non2xx"]
+    if "error" in point or answered <= 0 or point["failed"] or point["non2xx"]:
+        raise RuntimeError(f"{server.name}: the driver failed: {point.get('error') or point}")
+    return point["server_cpu_s"] / answered, point["rps"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,11 +132,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 server = LocalServer(name, str(script), 1, data, logs=work / "logs")
                 stack.callback(server.stop)
                 servers[name] = server.start()
+            runner = Runner(args.seconds, 50, 10_000_000, work / "raw")
+            for name, server in servers.items():
+                runner.warm_up(name, server, body)
             cpu: dict[str, list[float]] = {"old": [], "new": []}
             rps: dict[str, list[float]] = {"old": [], "new": []}
             for number in range(args.rounds):
                 for name in ("old", "new") if number % 2 == 0 else ("new", "old"):
-                    per_request, rate = one_round(servers[name], body, args, work)
+                    per_request, rate = one_round(runner, servers[name], body, args, number + 1)
                     cpu[name].append(per_request)
                     rps[name].append(rate)
                 print(
