@@ -99,14 +99,16 @@ class Results:
 # --------------------------------------------------------------------------- headlines
 
 
-def _rounds(results: Results, experiment: str, config: str) -> list[Point]:
-    return sorted(results.select(experiment, config=config), key=lambda p: p["round"])
+def _rounds(results: Results, experiment: str, config: str, **match: Any) -> list[Point]:
+    return sorted(results.select(experiment, config=config, **match), key=lambda p: p["round"])
 
 
-def paired(results: Results, experiment: str, a: str, b: str, key: str = "records_per_s") -> dict[str, Any] | None:
-    """``a`` against ``b`` in an interleaved experiment: medians, the ratio of the medians and
-    each round's ratio."""
-    pa, pb = _rounds(results, experiment, a), _rounds(results, experiment, b)
+def paired(
+    results: Results, experiment: str, a: str, b: str, key: str = "records_per_s", **match: Any
+) -> dict[str, Any] | None:
+    """``a`` against ``b`` in an interleaved experiment (their points that also ``match``, e.g.
+    ``body="100"``): medians, the ratio of the medians and each round's ratio."""
+    pa, pb = _rounds(results, experiment, a, **match), _rounds(results, experiment, b, **match)
     if not pa or not pb:
         return None
     by_round = {p["round"]: p for p in pb}
@@ -429,24 +431,16 @@ _LEAN_FLOOR_TARGET = {"1": 0.85, "10": 0.85, "100": 0.85}  # tiny-1 / floor-1 re
 _KEY_TARGET = {"1": 1.10, "100": 1.05}  # keyed / plain CPU per record
 
 
-def _by_round(results: Results, experiment: str, config: str, body: str) -> dict[int, Point]:
-    return {p["round"]: p for p in results.select(experiment, config=config, body=body)}
+def _cell(compared: dict[str, Any] | None) -> str:
+    """Each round's ratio of a :func:`paired` comparison, then their median."""
+    rounds = compared["rounds"] if compared else []
+    middle = median(rounds)
+    return f"{', '.join(f'{r:.2f}' for r in rounds)}; **{middle:.2f}**" if middle is not None else "-"
 
 
-def _ratios(a: dict[int, Point], b: dict[int, Point], key: str) -> list[float]:
-    """``a``'s figure over ``b``'s, round by round (the rounds both have)."""
-    found = (ratio(a[r][key], b[r][key]) for r in sorted(a) if r in b)
-    return [value for value in found if value is not None]
-
-
-def _cell(ratios: list[float]) -> str:
-    middle = median(ratios)
-    return f"{', '.join(f'{r:.2f}' for r in ratios)}; **{middle:.2f}**" if middle is not None else "-"
-
-
-def _us(points: dict[int, Point]) -> str:
+def _us(points: list[Point]) -> str:
     """The median CPU per record of ``points`` in µs."""
-    value = median(p["cpu_s_per_million"] for p in points.values())
+    value = median(p["cpu_s_per_million"] for p in points)
     return "-" if value is None else (f"{value:.3g}" if value < 10 else f"{value:.0f}")
 
 
@@ -459,15 +453,15 @@ def lean_tables(results: Results) -> str | None:
     if bodies:
         rows = []
         for body in bodies:
-            tiny, seed, floor = (_by_round(results, "lean", config, body) for config in ("tiny-1", "seed-1", "floor-1"))
+            cpu = (_us(results.select("lean", config=c, body=body)) for c in ("seed-1", "floor-1", "tiny-1"))
             rows.append(
                 [
                     f"{int(body):,}" if body.isdigit() else body,
-                    _cell(_ratios(tiny, seed, "rps")),
+                    _cell(paired(results, "lean", "tiny-1", "seed-1", "rps", body=body)),
                     f"{_LEAN_SEED_TARGET.get(body, 1.2):g}",
-                    _cell(_ratios(tiny, floor, "rps")),
+                    _cell(paired(results, "lean", "tiny-1", "floor-1", "rps", body=body)),
                     f"{_LEAN_FLOOR_TARGET[body]:g}" if body in _LEAN_FLOOR_TARGET else "-",
-                    f"{_us(seed)}, {_us(floor)}, {_us(tiny)}",
+                    ", ".join(cpu),
                 ]
             )
         parts.append(
@@ -488,27 +482,29 @@ def lean_tables(results: Results) -> str | None:
     if keyed:
         rows = []
         for body in dict.fromkeys(keyed):
-            plain = _by_round(results, "lean-keys", f"tiny-1-post-{body}", body)
-            keys = _by_round(results, "lean-keys", f"tiny-1-keys-{body}", body)
+            cost = paired(
+                results, "lean-keys", f"tiny-1-keys-{body}", f"tiny-1-post-{body}", "cpu_s_per_million", body=body
+            )
+            if cost is None:
+                continue
             target = _KEY_TARGET.get(body)
             rows.append(
                 [
                     f"a fresh key per request, {int(body):,}-record bodies",
-                    _us(plain),
-                    _us(keys),
-                    _cell(_ratios(keys, plain, "cpu_s_per_million")),
+                    _us(cost["b_points"]),
+                    _us(cost["a_points"]),
+                    _cell(cost),
                     f"{target:g}" if target else "-",
                 ]
             )
-        nginx = _by_round(results, "lean-keys", "nginx-1-1600", "1600")
-        keyed_1600 = _by_round(results, "lean-keys", "tiny-1-keys-1600", "1600")
-        if nginx and keyed_1600:
+        nginx = paired(results, "lean-keys", "nginx-1-1600", "tiny-1-keys-1600", "cpu_s_per_million", body="1600")
+        if nginx is not None:
             rows.append(
                 [
                     "nginx in front of a keyed tiny-1 (its own keys), 1,600",
-                    _us(keyed_1600),
-                    _us(nginx),
-                    _cell(_ratios(nginx, keyed_1600, "cpu_s_per_million")),
+                    _us(nginx["b_points"]),
+                    _us(nginx["a_points"]),
+                    _cell(nginx),
                     "1.1",
                 ]
             )
