@@ -168,9 +168,44 @@ def test_chunked_body_under_the_limit_is_accepted(server: InProcessServer) -> No
     assert answer.startswith(b"HTTP/1.1 200 ") and b'"valid":3' in answer
 
 
-def test_bad_content_length_gets_400(server: InProcessServer) -> None:
-    answer = raw_exchange(server.port, b"POST /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n")
-    assert answer.startswith(b"HTTP/1.1 400 ")
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Content-Length: ten",
+        b"Content-Length: -1",
+        b"Content-Length: +59",
+        b"Content-Length: 5_9",
+        b"Content-Length: 59\r\nContent-Length: 59",
+        b"Content-Length: 59\r\nTransfer-Encoding: chunked",
+        b"Transfer-Encoding: identity",
+        b"Transfer-Encoding: gzip, chunked",
+    ],
+)
+def test_framing_that_tornado_would_refuse_bare_gets_one_json_400_and_a_close(
+    server: InProcessServer, framing: bytes
+) -> None:
+    """Tornado refuses these lengths and transfer codings with a bare 400; the rules refuse them
+    first, in JSON, and the connection is closed without a second answer."""
+    body = line()
+    head = b"POST /ingest HTTP/1.1\r\nHost: x\r\n%s\r\n\r\n" % framing
+    answer = raw_exchange(server.port, head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    assert answer.startswith(b"HTTP/1.1 400 ") and answer.count(b"HTTP/1.1 ") == 1, answer
+    status, message = orjson.loads(answer.split(b"\r\n\r\n", 1)[1])["error"].values()
+    assert status == 400 and ("Content-Length" in message or "Transfer-Encoding" in message)
+
+
+def test_a_content_length_of_thousands_of_digits_gets_413_not_a_crash(server: InProcessServer) -> None:
+    answer = raw_exchange(
+        server.port, b"POST /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n\r\n" % (b"9" * 5000)
+    )
+    assert answer.startswith(b"HTTP/1.1 413 ") and b'"status":413' in answer and b"(5000 digits)" in answer
+
+
+def test_a_content_length_padded_with_thousands_of_zeros_gets_a_json_400(server: InProcessServer) -> None:
+    body = line()
+    head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: %s%d\r\n\r\n" % (b"0" * 5000, len(body))
+    answer = raw_exchange(server.port, head + body)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"digits; send at most 20" in answer, answer
 
 
 def test_get_on_ingest_gets_405_with_allow(server: InProcessServer) -> None:

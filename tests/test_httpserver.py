@@ -104,6 +104,7 @@ UNUSUAL_HEADS = {
     "a signed length": b"POST /ingest HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
     "a listed length": b"POST /ingest HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
     "a non-ASCII digit": b"POST /ingest HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n",
+    "a length of thousands of digits": b"POST /ingest HTTP/1.1\r\nContent-Length: %s5\r\n\r\n" % (b"0" * 5000),
     "chunked": b"POST /ingest HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
     "chunked and a length": b"POST /ingest HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
     "100-continue": b"POST /ingest HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",

@@ -54,6 +54,34 @@ def test_the_head_is_checked_in_order_method_token_key_encoding_type_length() ->
     assert rules.head("POST", bad) == Head(key=None, gzip=True)
 
 
+@pytest.mark.parametrize("declared", ["ten", "-1", "+5", "5_9", "5,5", "5 5", "\u0665", ""])
+def test_a_content_length_is_decimal_digits_only(declared: str) -> None:
+    rules = IngestRules(max_body=100, token=None)
+    assert status(lambda: rules.head("POST", HTTPHeaders({"Content-Length": declared}))) == 400
+
+
+def test_a_content_length_is_compared_with_the_limit_as_digits() -> None:
+    rules = IngestRules(max_body=100, token=None)
+    assert rules.head("POST", HTTPHeaders({"Content-Length": "0" * 17 + "100"})) == Head(None, False)
+    for over in ("101", "999", "1000", "0101", "9" * 5000):
+        assert status(lambda over=over: rules.head("POST", HTTPHeaders({"Content-Length": over}))) == 413
+    assert status(lambda: rules.head("POST", HTTPHeaders({"Content-Length": "0" * 5000 + "100"}))) == 400
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        {"Transfer-Encoding": "identity"},
+        {"Transfer-Encoding": "gzip, chunked"},
+        {"Transfer-Encoding": "chunked", "Content-Length": "5"},
+    ],
+)
+def test_a_transfer_encoding_is_chunked_alone_or_absent(framing: dict[str, str]) -> None:
+    rules = IngestRules(max_body=100, token=None)
+    assert status(lambda: rules.head("POST", HTTPHeaders(framing))) == 400
+    assert rules.head("POST", HTTPHeaders({"Transfer-Encoding": "Chunked"})) == Head(None, False)
+
+
 def test_the_proxy_key_counts_only_without_the_clients_own() -> None:
     rules = IngestRules(max_body=100, token=None)
     assert rules.head("POST", HTTPHeaders({PROXY_KEY_HEADER: "p"})).key == "p"

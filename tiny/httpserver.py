@@ -78,7 +78,7 @@ from tornado.httpserver import HTTPServer, _HTTPRequestContext  # noqa: E402
 from tornado.ioloop import IOLoop, PeriodicCallback  # noqa: E402
 from tornado.log import gen_log  # noqa: E402
 
-from tiny.limits import MAX_CHUNK_LINE, MAX_TRAILERS  # noqa: E402
+from tiny.limits import MAX_CHUNK_LINE, MAX_LENGTH_DIGITS, MAX_TRAILERS  # noqa: E402
 
 log = logging.getLogger("tiny.httpserver")
 
@@ -606,9 +606,9 @@ class Fields(dict[str, str]):
 def parse_fast_head(head: bytes) -> Fields | None:
     """The header fields of ``head`` (a request head up to its empty line) if it is the fast
     way's: ``POST /ingest HTTP/1.1`` (or 1.0), CRLF line ends, no control characters but HTAB, each
-    field ``token ":" OWS value OWS`` and sent once, a Content-Length of digits, no
-    Transfer-Encoding, Expect or Upgrade. None for any other head (Tornado's parser reads it,
-    and answers it as it always did). Linear in the head's size."""
+    field ``token ":" OWS value OWS`` and sent once, a Content-Length of at most
+    ``MAX_LENGTH_DIGITS`` digits, no Transfer-Encoding, Expect or Upgrade. None for any other
+    head (Tornado's parser reads it, and answers it as it always did). Linear in the head's size."""
     if (
         not head.startswith(_FAST_REQUEST_LINE)
         or head[_VERSION_AT : _VERSION_AT + 3] not in (b"1\r\n", b"0\r\n")
@@ -635,7 +635,7 @@ def parse_fast_head(head: bytes) -> Fields | None:
             return None  # a field sent twice: Tornado joins or refuses it
         fields[key] = value.strip(b" \t").decode("latin1")
     length = fields.get("Content-Length")
-    if length is None or not (length.isascii() and length.isdigit()):
+    if length is None or len(length) > MAX_LENGTH_DIGITS or not (length.isascii() and length.isdigit()):
         return None
     return fields
 

@@ -25,6 +25,7 @@ MAX_OTHER_BODY = 64 * KiB  # a body sent to any other endpoint (none takes one):
 MAX_HEADERS = 100  # request headers, answered 431 past it
 MAX_HEADER_BYTES = 64 * KiB  # bytes of request headers, answered 431 past it
 HEADER_READ_LIMIT = 1 * MiB  # past this Tornado closes the connection unanswered
+MAX_LENGTH_DIGITS = 20  # characters of a Content-Length (2**64 has 20 digits): int() of thousands would raise
 MAX_CHUNK_LINE = 4096  # bytes of a chunk-size line with its extensions
 MAX_TRAILERS = 64 * KiB  # bytes of trailer fields after the last chunk
 IDLE_TIMEOUT = 60.0  # --idle-timeout: seconds a connection may idle, or take to send its headers

@@ -19,7 +19,7 @@ from tornado.httputil import HTTPHeaders
 
 from tiny.handlers.base import APIError, check_token
 from tiny.httpserver import Fields
-from tiny.limits import MAX_GZIP_MEMBERS, MAX_KEY
+from tiny.limits import MAX_GZIP_MEMBERS, MAX_KEY, MAX_LENGTH_DIGITS
 
 _MIN_FEED, _MAX_FEED = 64, 64 * 1024  # bytes given to zlib at once (see gunzip)
 # The key a proxy gives a request that has none of its own (nginx/proxy.conf: $request_id, the
@@ -58,13 +58,15 @@ class IngestRules:
 
     def __init__(self, max_body: int, token: str | None) -> None:
         self.max_body = max_body
+        self._limit_digits = str(max_body)
         self.token = token
 
     def head(self, method: str, headers: HTTPHeaders | Fields) -> Head:
         """The request's :class:`Head`, or the APIError that refuses it before its body is read:
         405 a method other than POST, 401 a missing or wrong token, 400 a malformed key, 415 an
         encoding other than identity or gzip or a type that is not NDJSON, 413 a declared
-        Content-Length over ``max_body`` (400 one that is not a number)."""
+        Content-Length over ``max_body`` (400 one that is not decimal digits, a Transfer-Encoding
+        with it, or one other than chunked)."""
         if method != "POST":
             raise APIError(405, "use POST to send records")
         check_token(self.token, headers.get("Authorization", ""))
@@ -78,13 +80,26 @@ class IngestRules:
         if media and media not in NDJSON_TYPES:
             raise APIError(415, f"Content-Type {media!r} is not NDJSON; send application/x-ndjson")
         declared = headers.get("Content-Length")
+        framing = headers.get("Transfer-Encoding")
+        # The framing Tornado refuses later with a bare 400 (tornado.http1connection: parse_int,
+        # is_transfer_encoding_chunked), refused here first with the same status, in JSON.
+        if framing is not None:
+            if declared is not None:
+                raise APIError(400, "a request may not have both Content-Length and Transfer-Encoding")
+            if framing.lower() != "chunked":
+                raise APIError(
+                    400, f"Transfer-Encoding {framing[:64]!r} is not supported; send chunked or a Content-Length"
+                )
         if declared is not None:
-            try:
-                length = int(declared)
-            except ValueError:
-                raise APIError(400, "Content-Length is not a number") from None
-            if length > self.max_body:
-                raise APIError(413, f"body of {length} bytes is larger than the limit of {self.max_body} bytes")
+            if not (declared.isascii() and declared.isdigit()):
+                raise APIError(400, f"Content-Length {declared[:64]!r} is not one number of decimal digits")
+            size, limit = declared.lstrip("0") or "0", self._limit_digits
+            # Compared as digits: int() refuses over 4,300 of them.
+            if len(size) > len(limit) or (len(size) == len(limit) and size > limit):
+                shown = size if len(size) <= 24 else f"{size[:24]}... ({len(size)} digits)"
+                raise APIError(413, f"body of {shown} bytes is larger than the limit of {self.max_body} bytes")
+            if len(declared) > MAX_LENGTH_DIGITS:  # leading zeros: no length needs them
+                raise APIError(400, f"Content-Length has {len(declared)} digits; send at most {MAX_LENGTH_DIGITS}")
         return Head(key, encoding in _GZIP)
 
     def over_limit(self, received: int) -> APIError | None:
