@@ -313,7 +313,7 @@ class _Connection(HTTP1Connection):
         asked for it, and an HTTP/1.0 request that asked for keep-alive gets it."""
         request = self._request_start_line
         assert request is not None and self._request_headers is not None
-        asked = self._request_headers.get("Connection", "").lower() == "keep-alive"
+        asked = request.version == "HTTP/1.0" and self._request_headers.get("Connection", "").lower() == "keep-alive"
         head += _connection_line(request.version, close, self._disconnect_on_finish, asked)
         self._chunking_output = False
         self._expected_content_remaining = 0
