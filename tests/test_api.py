@@ -115,7 +115,7 @@ def get(server: Server, path: str, headers: dict[str, str] | None = None) -> Res
 def ok(server: Server, path: str) -> Any:
     response = get(server, path)
     assert response.status == 200, (path, response.body[:300])
-    assert response.headers["content-type"] == "application/json"
+    assert response.headers["content-type"] == "application/json; charset=utf-8"
     return response.json()
 
 
@@ -290,7 +290,7 @@ def test_unknown_day_ip_or_view_is_404(server: Server, path: str) -> None:
 
 def test_other_methods_are_405(server: Server) -> None:
     response = server.request("POST", "/api/days", b"{}")
-    assert error(response)[0] == 405 and response.headers["allow"] == "GET"
+    assert error(response)[0] == 405 and response.headers["allow"] == "GET, HEAD"
     assert error(server.request("DELETE", f"/api/days/{DAY}/whales"))[0] == 405
 
 

@@ -60,7 +60,7 @@ def test_ok_answer_counts_records_and_lists_the_first_ten_errors(server: InProce
     body = line() + b"".join(b"bad %d\n" % i for i in range(12)) + b"\n"
     response = server.ingest(body)
     assert response.status == 200
-    assert response.headers["content-type"] == "application/json"
+    assert response.headers["content-type"] == "application/json; charset=utf-8"
     answer = response.json()
     assert answer["result"] == {
         "status": "ok",

@@ -1,4 +1,5 @@
-"""Download badges: the public cranlogs badges' SVG, label, colours and rounding, with a width that fits the text."""
+"""Download badges: the public cranlogs badges' SVG, label, colours and rounding, with a width
+that fits the text and a label for screen readers (``role="img"``, ``aria-label``, ``<title>``)."""
 
 from __future__ import annotations
 
@@ -16,21 +17,46 @@ COLORS = {
     "blue": "007ec6",
 }
 DEFAULT_COLOR = "blue"
-_HEX = re.compile(r"[0-9a-fA-F]{3}(?:[0-9a-fA-F]{3})?\Z")
+# The colour keywords of CSS Color 4, which SVG's fill takes as they are.
+NAMED = frozenset(
+    """aliceblue antiquewhite aqua aquamarine azure beige bisque black blanchedalmond blue blueviolet
+    brown burlywood cadetblue chartreuse chocolate coral cornflowerblue cornsilk crimson cyan darkblue
+    darkcyan darkgoldenrod darkgray darkgreen darkgrey darkkhaki darkmagenta darkolivegreen darkorange
+    darkorchid darkred darksalmon darkseagreen darkslateblue darkslategray darkslategrey darkturquoise
+    darkviolet deeppink deepskyblue dimgray dimgrey dodgerblue firebrick floralwhite forestgreen fuchsia
+    gainsboro ghostwhite gold goldenrod gray green greenyellow grey honeydew hotpink indianred indigo
+    ivory khaki lavender lavenderblush lawngreen lemonchiffon lightblue lightcoral lightcyan
+    lightgoldenrodyellow lightgray lightgreen lightgrey lightpink lightsalmon lightseagreen lightskyblue
+    lightslategray lightslategrey lightsteelblue lightyellow lime limegreen linen magenta maroon
+    mediumaquamarine mediumblue mediumorchid mediumpurple mediumseagreen mediumslateblue
+    mediumspringgreen mediumturquoise mediumvioletred midnightblue mintcream mistyrose moccasin
+    navajowhite navy oldlace olive olivedrab orange orangered orchid palegoldenrod palegreen
+    paleturquoise palevioletred papayawhip peachpuff peru pink plum powderblue purple rebeccapurple red
+    rosybrown royalblue saddlebrown salmon sandybrown seagreen seashell sienna silver skyblue slateblue
+    slategray slategrey snow springgreen steelblue tan teal thistle tomato turquoise violet wheat white
+    whitesmoke yellow yellowgreen""".split()
+)
+_HEX = re.compile(r"#?([0-9a-fA-F]{3,4}|[0-9a-fA-F]{6}|[0-9a-fA-F]{8})\Z")
 _LABEL_WIDTH = 70  # "downloads", as the public badges draw it
 # Advance widths (px) of DejaVu Sans at 11 px, the badges' first font, for what a count can hold.
 _WIDTHS = {**dict.fromkeys("0123456789", 7.0), "K": 7.6, "M": 9.5, ".": 3.5, "/": 3.7, " ": 3.5}
 _WIDTHS.update(dict(zip("daymonthwek", (6.9, 6.8, 6.5, 10.7, 6.7, 7.0, 4.3, 7.0, 8.9, 6.7, 6.3), strict=True)))
 
 
-def color(name: str | None) -> str:
-    """The fill of a ``?color=`` value: a name of COLORS or a hex code; ValueError else."""
-    name = name or DEFAULT_COLOR
+def color(value: str | None) -> str:
+    """The fill of a ``?color=`` value, as the public badges take it: a name of COLORS (their
+    shades), any other colour name (NAMED), in any case, or a hex code of 3, 4, 6 or 8 digits,
+    with or without its ``#`` (``%23ff69b4`` in a URL); ValueError else."""
+    value = value or DEFAULT_COLOR
+    name = value.lower() if value.isascii() else value
     if name in COLORS:
         return "#" + COLORS[name]
-    if _HEX.match(name):
-        return "#" + name
-    raise ValueError(f"not a badge colour: {name!r} ({', '.join(COLORS)} or a hex code)")
+    if name in NAMED:
+        return name
+    hexcode = _HEX.match(value)
+    if hexcode:
+        return "#" + hexcode.group(1)
+    raise ValueError(f"not a badge colour: {value!r} ({', '.join(COLORS)}, another CSS colour name, or a hex code)")
 
 
 def pretty(count: int) -> str:
@@ -54,12 +80,15 @@ def text(count: int, per: str) -> str:
 
 
 def svg(value: str, fill: str) -> bytes:
-    """The badge: label "downloads" on grey, ``value`` on ``fill``, each part as wide as its text."""
+    """The badge: label "downloads" on grey, ``value`` on ``fill``, each part as wide as its
+    text; screen readers read "CRAN downloads: ``value``" (its aria-label and its title)."""
     value_width = round(sum(_WIDTHS.get(char, 7.0) for char in value) + 10)
     width = _LABEL_WIDTH + value_width
     middle = _LABEL_WIDTH + value_width / 2
+    label = escape(f"CRAN downloads: {value}", {'"': "&quot;"})
     value = escape(value)
-    return f"""<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="20">
+    return f"""<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="20" role="img" aria-label="{label}">
+  <title>{label}</title>
   <linearGradient id="b" x2="0" y2="100%">
     <stop offset="0" stop-color="#bbb" stop-opacity=".1"/>
     <stop offset="1" stop-opacity=".1"/>

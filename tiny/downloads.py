@@ -1,14 +1,18 @@
 """The CRAN downloads API (r-hub/cranlogs.app's paths and JSON shapes), answered from the aggregate store.
 
-- :class:`Period` and :func:`parse_period`: ``last-day`` (the last day with data),
-  ``last-week`` (it and the 6 before), ``last-month`` (it and the 29 before), ``YYYY-MM-DD``,
-  or ``YYYY-MM-DD:YYYY-MM-DD``; ValueError with the reason for anything else.
+- :class:`Period` and :func:`parse_period`: the public service's periods: ``last-day`` (the
+  last day with data), ``last-week`` (it and the 6 before), ``last-month`` (it and the 29
+  before), in any case; ``YYYY-MM-DD``, ``YYYY-MM-DD:YYYY-MM-DD`` or ``YYYY-MM-DD:last-day``
+  (what the R client sends when ``to`` is left at its default); ValueError with the reason
+  for anything else.
 - The answers, as pure functions of an :class:`tiny.aggregates.Aggregates` store
-  (:func:`totals`, :func:`daily`, :func:`top`, :func:`trending`, :func:`package_sum`) and
-  :func:`answer`, which tiny.live's pool job calls once the days are folded up to their
-  committed sizes. A query reads the days and packages it asks for, never the rows.
+  (:func:`totals`, :func:`daily`, :func:`top`, :func:`monthly_totals`, :func:`trending`,
+  :func:`package_sum`) and :func:`answer`, which tiny.live's pool job calls once the days are
+  folded up to their committed sizes. A query reads the days and packages it asks for, never
+  the rows.
 
-Days without data count 0. Ties in ``top`` and ``trending``: the package name, alphabetically.
+Days without data count 0. Ties in ``top``, ``monthly_totals`` and ``trending``: the package
+name, alphabetically.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ if TYPE_CHECKING:
 
 PACKAGE = re.compile(r"[A-Za-z][A-Za-z0-9.]*\Z")  # CRAN's package names: letters, digits, dots
 SUMMARIES = {"last-day": "day", "last-week": "week", "last-month": "month", "grand-total": ""}
-MAX_TOP = 100
-DEFAULT_TOP = 10
+SPANS = {"last-day": 0, "last-week": 6, "last-month": 29}  # the days before the last day with data
+MAX_TOP = 100  # the public service keeps the top 100 of each period: a larger count gets 100
+DEFAULT_TOP = 9  # the public service's count when none is given
 TRENDING_MIN = 1000  # downloads in the last week for a package to trend
 TRENDING_WEEKS = 24
 
@@ -45,17 +50,23 @@ class Period:
 
 def parse_period(text: str, last_day: date) -> Period:
     """The days ``text`` names, ``last_day`` being the last day with data; ValueError else."""
-    spans = {"last-day": 0, "last-week": 6, "last-month": 29}
-    if text in spans:
-        return Period(last_day - timedelta(days=spans[text]), last_day)
+    keyword = keyword_of(text)
+    if keyword in SPANS:
+        return Period(last_day - timedelta(days=SPANS[keyword]), last_day)
     first, colon, second = text.partition(":")
     start = _date(first)
-    end = _date(second) if colon else start
+    end = (last_day if keyword_of(second) == "last-day" else _date(second)) if colon else start
     if end < start:
-        raise ValueError(f"the period {text!r} ends before it starts")
+        raise ValueError(f"the period {text!r} ends before it starts (last-day is {last_day}, the last day with data)")
     if (end - start).days > 366 * 100:
         raise ValueError(f"the period {text!r} is longer than a century")
     return Period(start, end)
+
+
+def keyword_of(text: str) -> str:
+    """``text`` in lower case when it is ASCII (the public service matches its keywords in any
+    ASCII case); else ``text``, which no keyword equals."""
+    return text.lower() if text.isascii() else text
 
 
 def _date(text: str) -> date:
@@ -63,7 +74,8 @@ def _date(text: str) -> date:
         return date.fromisoformat(layout.parse_day(text))
     except ValueError:
         raise ValueError(
-            f"not a period: {text!r} (last-day, last-week, last-month, YYYY-MM-DD, or two dates joined by ':')"
+            f"not a period: {text!r} (last-day, last-week, last-month, YYYY-MM-DD, "
+            "or YYYY-MM-DD joined by ':' to YYYY-MM-DD or last-day)"
         ) from None
 
 
@@ -121,14 +133,27 @@ def daily(store: Aggregates, period: Period, packages: list[str] | None) -> list
 
 
 def top(store: Aggregates, period: Period, count: int) -> dict[str, Any]:
-    start, end = period.start.isoformat(), period.end.isoformat()
-    rows = store.db.execute(
+    """The ``count`` most downloaded packages, in the public service's shape: start and end as
+    its database driver writes a date (midnight UTC, ``2014-05-04T00:00:00.000Z``), the counts
+    as JSON strings (the R client reads strings)."""
+    rows = _ranked(store, period, count)
+    start, end = (f"{day.isoformat()}T00:00:00.000Z" for day in (period.start, period.end))
+    return {"start": start, "end": end, "downloads": [{"package": name, "downloads": str(n)} for name, n in rows]}
+
+
+def monthly_totals(store: Aggregates, period: Period) -> list[dict[str, str]]:
+    """Every package downloaded in ``period``, most first: ``[{"package", "count"}]``, the
+    counts as JSON strings, as the public service's ``/downloads/monthly-totals``."""
+    return [{"package": name, "count": str(n)} for name, n in _ranked(store, period, -1)]
+
+
+def _ranked(store: Aggregates, period: Period, limit: int) -> list[tuple[str, int]]:
+    """(package, downloads in ``period``), most first, ties by name; at most ``limit`` (-1: all)."""
+    return store.db.execute(
         "SELECT package, SUM(downloads) AS n FROM packages WHERE day BETWEEN ? AND ? "
         "GROUP BY package ORDER BY n DESC, package LIMIT ?",
-        (start, end, count),
+        (period.start.isoformat(), period.end.isoformat(), limit),
     ).fetchall()
-    # the counts as JSON strings, as the public service sends them (the R client reads strings)
-    return {"start": start, "end": end, "downloads": [{"package": name, "downloads": str(n)} for name, n in rows]}
 
 
 def trending(store: Aggregates, last_day: date) -> list[dict[str, str]]:
@@ -166,10 +191,12 @@ def answer(store: Aggregates, query: tuple[Any, ...]) -> bytes:
         return orjson.dumps(top(store, *args))
     if kind == "trending":
         return orjson.dumps(trending(store, *args))
+    if kind == "monthly-totals":
+        return orjson.dumps(monthly_totals(store, *args))
     if kind == "count":  # one package's total over a period (a badge)
         package, start, end = args
         return str(package_sum(store, package, start, end)).encode()
     raise ValueError(f"unknown query {kind!r}")
 
 
-KINDS = frozenset(("total", "daily", "top", "trending", "count"))
+KINDS = frozenset(("total", "daily", "top", "trending", "monthly-totals", "count"))

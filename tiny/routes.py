@@ -15,7 +15,16 @@ from tiny.handlers.analytics import (
 )
 from tiny.handlers.base import Deps
 from tiny.handlers.dashboard import DashboardHandler
-from tiny.handlers.downloads import BadgeHandler, PackageDownloadsHandler, TopHandler, TrendingHandler
+from tiny.handlers.downloads import (
+    BadgeHandler,
+    CheckHandler,
+    InfoHandler,
+    MonthlyTotalsHandler,
+    PackageDownloadsHandler,
+    PingHandler,
+    TopHandler,
+    TrendingHandler,
+)
 from tiny.handlers.ingest import IngestHandler
 from tiny.handlers.status import HealthHandler, MetricsHandler, NotFoundHandler
 
@@ -35,10 +44,14 @@ def make_app(deps: Deps) -> web.Application:
             (rf"/api/days/{DATE}/whales/hourly", HourlyHandler, args),
             (rf"/api/days/{DATE}/whales/([^/]+)/downloads", DownloadsHandler, args),
             (rf"/api/days/{DATE}/charts/([^/]+)\.svg", ChartHandler, args),
+            (r"/downloads/?", InfoHandler, args),
             (r"/downloads/(total|daily)/([^/]+)(?:/([^/]+))?", PackageDownloadsHandler, args),
+            (r"/downloads/monthly-totals", MonthlyTotalsHandler, args),
             (r"/top/([^/]+)(?:/([^/]+))?", TopHandler, args),
             (r"/trending/?", TrendingHandler, args),
             (r"/badges/([^/]+)(?:/([^/]+))?", BadgeHandler, args),
+            (r"/ping/?", PingHandler, args),
+            (r"/check/?", CheckHandler, args),
         ],
         default_handler_class=NotFoundHandler,
         default_handler_args=args,

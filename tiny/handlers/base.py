@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from tiny.live import Live
 
 log = logging.getLogger("tiny.handlers")
+JSON = "application/json; charset=utf-8"  # said out loud: a client need not guess (httr warns when it must)
 
 
 @dataclass(frozen=True)
@@ -77,17 +78,23 @@ class APIError(web.HTTPError):
 
 
 class JSONHandler(web.RequestHandler):
-    """Base: JSON bodies, the JSON error shape, header limits, the token rule, request metrics."""
+    """Base: JSON bodies, the JSON error shape, header limits, the token rule, request metrics,
+    and HEAD wherever there is a GET."""
 
     name = "other"
-    allowed: tuple[str, ...] = ("GET",)
+    allowed: tuple[str, ...] = ("GET", "HEAD")
 
     def initialize(self, deps: Deps) -> None:
         self.deps = deps
         self.config = deps.config
 
     def set_default_headers(self) -> None:
-        self.set_header("Content-Type", "application/json")
+        self.set_header("Content-Type", JSON)
+
+    def head(self, *args: str, **kwargs: str) -> Awaitable[None] | None:
+        """HEAD: the GET's answer, its status and headers (Content-Length of its body), with no
+        body (Tornado writes none for a HEAD request). A handler without GET answers 405."""
+        return self.get(*args, **kwargs)  # a subclass's get may be a coroutine (Tornado awaits it)
 
     def prepare(self) -> Awaitable[None] | None:  # a subclass's may be a coroutine (Tornado awaits it)
         self.check_headers()

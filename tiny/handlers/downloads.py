@@ -1,12 +1,14 @@
-"""The CRAN downloads API, ``GET /downloads``, ``/top``, ``/badges``, ``/trending`` (tiny.downloads answers).
+"""The CRAN downloads API, ``GET /downloads``, ``/top``, ``/badges``, ``/trending``, ``/ping``, ``/check``.
 
-The paths and JSON shapes of the public service (r-hub/cranlogs.app), so that its R client
-works unchanged. Errors in the project's JSON shape: 400 a bad period, package name, count or
-colour, or a range that ends before it starts; 404 for ``R`` (downloads of R itself come from
-another log than the package downloads Tiny ingests); 503 with Retry-After when the data dir's
-lock is held too long or the analytics pool is busy. The token rule of ``/api`` applies,
-unless ``--public-downloads`` makes these read-only aggregates public (badges in public READMEs
-need that); no answer ever names an ip_id.
+The routes, paths and JSON shapes of the public service (r-hub/cranlogs.app, routes/*.js), so
+that its R client works unchanged; tiny.downloads answers. Errors in the project's JSON shape:
+400 a bad period, package name, count or colour, or a range that ends before it starts; 404
+for ``R`` (downloads of R itself come from another log than the package downloads Tiny
+ingests); 503 with Retry-After when the data dir's lock is held too long or the analytics
+pool is busy. The token rule of ``/api`` applies, unless ``--public-downloads`` makes these
+read-only aggregates public (badges in public READMEs need that); no answer ever names an
+ip_id. ``/ping``, ``/check`` and ``/downloads/`` (the API's pointer to its documentation) hold
+no data and need no token.
 
 Caching: every answer carries an ETag; a request whose If-None-Match holds it gets 304.
 JSON answers say ``Cache-Control: no-cache`` (revalidate: counts change within seconds of an
@@ -15,19 +17,25 @@ ingest); badges ``public, max-age=300``, like the images they are.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from datetime import timedelta
 from typing import Any
 
+import orjson
+
 from tiny import badges
 from tiny.aggregates import Behind, Unavailable
 from tiny.analytics.service import Busy
-from tiny.downloads import DEFAULT_TOP, MAX_TOP, SUMMARIES, Period, parse_packages, parse_period
-from tiny.handlers.base import APIError, JSONHandler
+from tiny.downloads import DEFAULT_TOP, MAX_TOP, SUMMARIES, Period, keyword_of, parse_packages, parse_period
+from tiny.handlers.base import JSON, APIError, JSONHandler
 from tiny.live import Answer, etag_of
 from tiny.sink import SinkError
 
 _R = "downloads of R itself are not in the package download logs this server ingests"
+_COUNT = re.compile(r"[0-9]+\Z")
+_BADGE_PACKAGE = re.compile(r"[A-Za-z0-9_.,]+\Z")  # what the public badges' route takes
+INFO = "https://github.com/r-hub/cranlogs.app"  # the API's documentation, as /downloads/ points to it
 
 
 class DownloadsBase(JSONHandler):
@@ -55,7 +63,7 @@ class DownloadsBase(JSONHandler):
         except sqlite3.OperationalError as exc:  # the store's write lock held too long (a rebuild)
             raise APIError(503, f"the downloads store is busy ({exc}); try again", {"Retry-After": "5"}) from None
 
-    def send(self, answer: Answer, body: bytes | None = None, content_type: str = "application/json") -> None:
+    def send(self, answer: Answer, body: bytes | None = None, content_type: str = JSON) -> None:
         """``body`` (the answer's own when None) with its ETag, or 304 when the client holds it."""
         etag = answer.etag if body is None else etag_of(body)
         self.set_header("Content-Type", content_type)
@@ -96,17 +104,34 @@ class PackageDownloadsHandler(DownloadsBase):
 
 
 class TopHandler(DownloadsBase):
-    """``GET /top/{period}[/{count}]``: the ``count`` (1-100, default 10) most downloaded
-    packages, most first, ties by name; the counts as JSON strings, as the public service."""
+    """``GET /top/{period}[/{count}]``: the ``count`` most downloaded packages, most first, ties
+    by name, as the public service: ``count`` digits, 9 when absent, 100 when more (it keeps
+    the top 100 of a period); the counts as JSON strings."""
 
     async def get(self, period_text: str, count_text: str | None = None) -> None:
         period = self.period(period_text)
-        count = DEFAULT_TOP
-        if count_text is not None:
-            if not count_text.isdigit() or not 1 <= int(count_text) <= MAX_TOP:
-                raise APIError(400, f"the count must be an integer from 1 to {MAX_TOP}")
-            count = int(count_text)
-        self.send(await self.answer(("top", period, count), period.days()))
+        self.send(await self.answer(("top", period, top_count(count_text)), period.days()))
+
+
+def top_count(text: str | None) -> int:
+    """``/top``'s count: DEFAULT_TOP for None, at most MAX_TOP; APIError 400 for anything but
+    ASCII digits, or 0. (Its length is bounded before ``int``: a long string of digits is
+    quadratic to convert, and past 4,300 digits Python refuses it.)"""
+    if text is None:
+        return DEFAULT_TOP
+    if not _COUNT.match(text) or not text.strip("0"):
+        raise APIError(400, f"the count must be a whole number from 1 (more than {MAX_TOP} gives {MAX_TOP})")
+    digits = text.lstrip("0")
+    return MAX_TOP if len(digits) > len(str(MAX_TOP)) else min(int(digits), MAX_TOP)
+
+
+class MonthlyTotalsHandler(DownloadsBase):
+    """``GET /downloads/monthly-totals``: every package's downloads in the last month (the last
+    day with data and the 29 before), most first: ``[{"package", "count"}]``, counts as strings."""
+
+    async def get(self) -> None:
+        period = self.period("last-month")
+        self.send(await self.answer(("monthly-totals", period), period.days()))
 
 
 class TrendingHandler(DownloadsBase):
@@ -120,16 +145,18 @@ class TrendingHandler(DownloadsBase):
 
 
 class BadgeHandler(DownloadsBase):
-    """``GET /badges[/{summary}]/{package}[?color=...]``: an SVG badge (tiny.badges)."""
+    """``GET /badges[/{summary}]/{package}[?color=...]``: an SVG badge (tiny.badges).
+
+    As the public badges: the summary in any case; the package as their route takes it
+    (letters, digits, ``_``, ``.`` and ``,``) and counted under exactly that name, so
+    ``Rcpp,ggplot2``, no package's name, shows 0; a summary alone (``/badges/last-week``) is
+    that summary of the package of that name (0). ``R`` is 404, as in the rest of the API."""
 
     name = "badges"
     cache_control = "public, max-age=300"
 
     async def get(self, first: str, second: str | None = None) -> None:
-        summary, package = ("last-month", first) if second is None else (first, second)
-        if summary not in SUMMARIES:
-            raise APIError(400, f"not a badge summary: {summary!r} ({', '.join(SUMMARIES)})")
-        (name,) = self.packages(package) or [""]
+        summary, name = summary_and_package(first, second)
         try:
             fill = badges.color(self.get_query_argument("color", None))
         except ValueError as exc:
@@ -144,3 +171,48 @@ class BadgeHandler(DownloadsBase):
         answer = await self.answer(query, needed)
         svg = badges.svg(badges.text(int(answer.body), SUMMARIES[summary]), fill)
         self.send(answer, svg, "image/svg+xml")
+
+
+def summary_and_package(first: str, second: str | None) -> tuple[str, str]:
+    """The summary and the package name of ``/badges/{first}[/{second}]``; APIError else."""
+    if second is None:
+        if keyword_of(first) in SUMMARIES:  # a summary alone: the package of that name (none)
+            return keyword_of(first), first
+        summary, name = "last-month", first
+    else:
+        summary, name = keyword_of(first), second
+    if summary not in SUMMARIES:
+        raise APIError(400, f"not a badge summary: {first!r} ({', '.join(SUMMARIES)})")
+    if not _BADGE_PACKAGE.match(name):
+        raise APIError(400, f"not a package name: {name!r}")
+    if name == "R":
+        raise APIError(404, _R)
+    return summary, name
+
+
+class PingHandler(JSONHandler):
+    """``GET /ping``: the public service's ping answer (no token: it holds no data)."""
+
+    name = "ping"
+
+    def get(self) -> None:
+        self.finish(orjson.dumps({"operation": "ping", "message": "Thanks! Live long and prosper!"}))
+
+
+class CheckHandler(JSONHandler):
+    """``GET /check``: the public service's liveness check, ``I am alive`` in plain text."""
+
+    name = "ping"
+
+    def get(self) -> None:
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(b"I am alive")
+
+
+class InfoHandler(JSONHandler):
+    """``GET /downloads/``: where the API is documented, as the public service answers it."""
+
+    name = "downloads"
+
+    def get(self) -> None:
+        self.finish(orjson.dumps({"info": INFO}))

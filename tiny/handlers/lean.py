@@ -39,7 +39,7 @@ from tornado.http1connection import HTTP1Connection
 from tornado.httputil import HTTPHeaders
 from tornado.log import access_log
 
-from tiny.handlers.base import APIError, Deps
+from tiny.handlers.base import JSON, APIError, Deps
 from tiny.handlers.ingest import process
 from tiny.handlers.rules import Head
 from tiny.httpserver import Fields
@@ -172,7 +172,7 @@ def _buffered(connection: Any, length: str | None) -> bool:
 def _head_for(status: int) -> bytes:
     """The status line and the headers that every answer with ``status`` carries."""
     reason = httputil.responses.get(status, "Unknown")
-    return f"HTTP/1.1 {status} {reason}\r\nServer: {_SERVER}\r\nContent-Type: application/json\r\n".encode()
+    return f"HTTP/1.1 {status} {reason}\r\nServer: {_SERVER}\r\nContent-Type: {JSON}\r\n".encode()
 
 
 _HEADS = {status: _head_for(status) for status in (200, 400, 413, 422, 500, 503)}
