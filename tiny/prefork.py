@@ -373,7 +373,8 @@ class _Supervisor:
         stall, lock = self.config.stall_timeout, self.config.lock_timeout
         for pid, worker in list(self.children.items()):
             # before its loop first runs, a worker may wait for the lock to open the journal
-            started = now - worker.started < stall + lock
+            # (a pause of this process ends with a fresh start's bound)
+            started = now - max(worker.started, self.judged_from) < stall + lock
             loop_bound = stall + (lock if started else 0.0)
             why = self.heartbeats.stalled(worker.index, loop_bound, stall + lock, now=now, since=self.judged_from)
             if why is None:
