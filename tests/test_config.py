@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tiny import config
+from tiny.testing import APP, ROOT, server_env
 
 
 def test_defaults_match_the_documented_interface() -> None:
@@ -122,7 +126,7 @@ def test_a_token_given_twice_stops_at_start_up(tmp_path: Path) -> None:
 def test_max_keys_below_the_keys_of_one_flush_stop_at_start_up(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         config.parse(["--idempotency-max-keys", "1"], {})
-    assert "--idempotency-max-keys: must be at least 256" in capsys.readouterr().err
+    assert "--idempotency-max-keys: must be a whole number from 256" in capsys.readouterr().err
     assert config.parse(["--idempotency-max-keys", "256"], {}).idempotency_max_keys == 256
 
 
@@ -146,3 +150,137 @@ def test_every_flag_is_in_the_readmes_table() -> None:
             continue  # hidden (fault injection, benchmarks)
         flag, env = "--" + name.replace("_", "-"), "TINY_" + name.upper()
         assert f"| `{flag}` | `{env}` |" in readme, f"{flag} is not in README's configuration table"
+
+
+# -- numbers: what every number flag accepts and refuses ---------------------------------------
+
+MiB, TiB = 1024**2, 1024**4
+_SIZE = (
+    {"1": 1, "64MiB": 64 * MiB, " 512 k ": 512 * 1024, "2G": 2 * 1024**3, "1024g": TiB},
+    ["0", "0k", "1025g", "1.5M", "1e3", "64 MiB B", "1T"],
+)
+_SECONDS = (
+    {"0.001": 0.001, "2.5": 2.5, ".5": 0.5, "5.": 5.0, "1e3": 1000.0, " 60 ": 60.0, "1000000000": 1e9},
+    ["0", "0.0", "0.0009", "1e-400", "1000000001", "1e10", "+1", "1e", ".", "1.2.3", "5s"],
+)
+# flag -> ({text: the value it gives}, [texts refused besides NONSENSE])
+NUMBERS: dict[str, tuple[dict[str, object], list[str]]] = {
+    "port": ({"0": 0, "8001": 8001, " 9 ": 9, "65535": 65535}, ["65536", "+1", "1.0", "1e3", "08001a"]),
+    "processes": ({"0": 0, "1": 1, "1024": 1024}, ["1025", "1.5", "two"]),
+    "max_body": _SIZE,
+    "max_backlog": _SIZE,
+    "analytics_cache_bytes": _SIZE,
+    "idle_timeout": _SECONDS,
+    "body_timeout": _SECONDS,
+    "drain_timeout": _SECONDS,
+    "idempotency_window": _SECONDS,
+    "lock_timeout": _SECONDS,
+    "stall_timeout": ({"1": 1.0, "2": 2.0, "600": 600.0}, ["0.999", "0.25", "0", "1e10"]),
+    "max_days": ({"1": 1, "16": 16, "10000": 10_000}, ["0", "10001", "1.0"]),
+    "max_rejects": ({"0": 0, "1000": 1000, "1000000000": 10**9}, ["1000000001", "1e3"]),
+    "max_connections": ({"0": 0, "100": 100, "1000000000": 10**9}, ["1000000001", "1e3"]),
+    "analytics_processes": ({"1": 1, "1024": 1024}, ["0", "1025"]),
+    "analytics_max_queued": ({"1": 1, "1000000000": 10**9}, ["0", "1000000001"]),
+    "idempotency_max_keys": ({"256": 256, "10000000": 10**7}, ["255", "1", "0", "1000000001"]),
+    "analytics_nice": ({"idle": "idle", " IDLE ": "idle", "0": "0", "05": "5", "19": "19"}, ["20", "1.5", "fast"]),
+    "analytics_cpu": ({"0": 0.0, "0.0": 0.0, "0.01": 0.01, "0.25": 0.25, "1024": 1024.0}, ["0.009", "1e-9", "1025"]),
+    "read_rate": ({"0": 0.0, "0.001": 0.001, "2.5": 2.5, "1000000": 1e6}, ["1e-320", "0.0009", "1000001"]),
+}
+# What no number flag takes: float() and int() took most of these, and nan passed every range check.
+NONSENSE = ["nan", "NaN", "-nan", "inf", "-inf", "Infinity", "1e309", "-1", "-0", "-0.0", "0x10", "1_0"]
+NONSENSE += ["", " ", "\u0663", "\u00b2", "9" * 5000, "1e999999999", "12abc", "1 2", "0b1"]
+NOT_NUMBERS = {"address", "data_dir", "durability", "token", "token_file", "journal_mode", "crash_at"}
+NOT_NUMBERS |= {"new_journal", "public_downloads", "no_fork", "lean"}
+
+
+def _names(name: str) -> tuple[str, str]:
+    """The flag and the environment variable of the Config field ``name``."""
+    return "--" + name.replace("_", "-"), "TINY_" + name.upper()
+
+
+def test_every_flag_is_a_number_with_its_checks_listed_here_or_not_a_number() -> None:
+    """A flag added later must say here what it accepts and refuses (NUMBERS) or that it
+    takes no number (NOT_NUMBERS)."""
+    names = {name for name, _, _ in config._FLAGS}
+    assert set(NUMBERS) | NOT_NUMBERS == names and not set(NUMBERS) & NOT_NUMBERS
+
+
+@pytest.mark.parametrize("name", sorted(NUMBERS))
+def test_a_number_flag_takes_plain_numbers_in_its_range_as_a_flag_and_from_the_environment(name: str) -> None:
+    accepted, _ = NUMBERS[name]
+    flag, env = _names(name)
+    wrong = {}
+    for text, value in accepted.items():
+        given = (getattr(config.parse([f"{flag}={text}"], {}), name), getattr(config.parse([], {env: text}), name))
+        if given != (value, value):
+            wrong[text] = given
+    assert not wrong, f"{flag}: {wrong}"
+
+
+@pytest.mark.hardening("third 6: nan was accepted by every seconds flag and its TINY_* variable")
+@pytest.mark.parametrize("name", sorted(NUMBERS))
+def test_a_number_flag_refuses_nan_infinities_signs_and_nonsense_naming_itself_and_its_variable(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, refused = NUMBERS[name]
+    flag, env = _names(name)
+    taken = []
+    for text in [*refused, *NONSENSE]:
+        for argv, environ in (([f"{flag}={text}"], {}), ([], {env: text})):
+            try:
+                config.parse(argv, environ)
+            except SystemExit as exc:
+                err = capsys.readouterr().err
+                if exc.code != 2 or f"argument {flag}: " not in err or env not in err:
+                    taken.append((text, f"exit {exc.code}: {err.splitlines()[-1:]}"))
+            else:
+                taken.append((text, "accepted"))
+    assert not taken, f"{flag}: {taken}"
+
+
+@pytest.mark.parametrize("name", sorted(NUMBERS))
+def test_every_default_is_in_its_flags_range(name: str) -> None:
+    default = getattr(config.Config(), name)
+    assert getattr(config.parse([], {_names(name)[1]: str(default)}), name) == default
+
+
+@pytest.mark.parametrize(
+    "text", ["after-writes", "after-writes:0.5", "after-writes:1:stop-once", "after-writes::kill", "worker-start"]
+)
+def test_a_crash_point_takes_a_probability_from_0_to_1(text: str) -> None:
+    assert config.parse([], {"TINY_CRASH_AT": text}).crash_at == text
+
+
+@pytest.mark.parametrize("chance", ["nan", "inf", "-0.1", "1.5", "1e309", "0x1", " "])
+def test_a_crash_points_probability_refuses_nonsense(chance: str) -> None:
+    with pytest.raises(SystemExit):
+        config.parse([], {"TINY_CRASH_AT": f"after-writes:{chance}:kill"})
+
+
+def test_a_value_refused_is_shown_cut_short(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        config.parse([], {"TINY_MAX_DAYS": "7" * 5000})
+    err = capsys.readouterr().err
+    assert "not '7777" in err and len(err.splitlines()[-1]) < 300
+
+
+@pytest.mark.hardening("third 6: nan was accepted by every seconds flag and its TINY_* variable")
+@pytest.mark.parametrize("args, env", [(["--idempotency-window", "nan"], {}), ([], {"TINY_LOCK_TIMEOUT": "nan"})])
+def test_the_server_refuses_nan_at_once_with_exit_2(tmp_path: Path, args: list[str], env: dict[str, str]) -> None:
+    """The server itself (its entry point, as an operator starts it): no start, no data dir."""
+    argv = [sys.executable, str(APP), "--port", "0", "--data-dir", str(tmp_path / "data"), *args]
+    started = time.monotonic()
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=30, env=server_env(env))
+    assert done.returncode == 2 and time.monotonic() - started < 10
+    flag = "--idempotency-window" if args else "--lock-timeout"
+    assert f"argument {flag}: must be a number of seconds" in done.stderr and "not 'nan'" in done.stderr
+    assert _names(flag[2:].replace("-", "_"))[1] in done.stderr
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.hardening("third 6: nan was accepted by every seconds flag and its TINY_* variable")
+@pytest.mark.parametrize("content", ["100000 0\n", "0 100000\n", "-100000 100000\n", "nan 100000\n", "1 2 3\n", ""])
+def test_a_cgroup_cpu_max_that_is_no_quota_leaves_the_affinity(tmp_path: Path, content: str) -> None:
+    """(A period of 0 stopped the start with ZeroDivisionError.)"""
+    (tmp_path / "cpu.max").write_text(content)
+    assert config.usable_cpus(tmp_path / "cpu.max") == config.usable_cpus(tmp_path / "absent")

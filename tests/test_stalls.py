@@ -171,3 +171,19 @@ def test_heartbeats_tell_a_stalled_loop_from_a_stalled_disk_thread() -> None:
     assert not beats.beaten_since(0, started)
     beats.beat(0, 0.0)
     assert beats.beaten_since(0, started)
+
+
+# -- the parent's own pause -------------------------------------------------------------------
+
+
+def test_heartbeats_count_only_from_the_end_of_the_readers_own_pause() -> None:
+    """Read 5 s after the last beat, a worker is stalled for a bound of 1 s, unless the reader
+    itself was not running until 0.5 s before (``since``): then only that 0.5 s counts, for
+    the loop and for the disk thread alike."""
+    beats = Heartbeats(1)
+    beats.beat(0, busy_since=time.monotonic())
+    later = time.monotonic() + 5
+    assert "event loop has not run for 5.0 s" in (beats.stalled(0, 1.0, 10.0, now=later) or "")
+    assert "disk thread has been in one flush for 5.0 s" in (beats.stalled(0, 10.0, 1.0, now=later) or "")
+    assert beats.stalled(0, 1.0, 1.0, now=later, since=later - 0.5) is None
+    assert "has not run for 1.5 s" in (beats.stalled(0, 1.0, 10.0, now=later + 1, since=later - 0.5) or "")

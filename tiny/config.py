@@ -7,7 +7,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +15,21 @@ from tiny import limits
 
 ENV_PREFIX = "TINY_"
 DURABILITIES = ("write", "fsync")
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+# Numbers are written in ASCII digits, with no sign, no "_", no hex, no nan or infinity:
+# float() and int() take all of those (and other scripts' digits), and a nan passes every
+# comparison check unnoticed.
+_WHOLE = re.compile(r"\s*([0-9]+)\s*", re.ASCII)
+_DECIMAL = re.compile(r"\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*", re.ASCII)
+_SIZE = re.compile(r"\s*([0-9]+)\s*([kmg]i?b?|b)?\s*", re.ASCII | re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+_MAX_DIGITS = 30  # digits read at most: int() of thousands of digits costs time, and no bound here needs more
+_MAX_COUNT = 10**9  # the largest count any flag takes: beyond it a value can only be a mistake
+_MAX_SIZE = 1024**4  # 1 TiB: more than any body, backlog or cache can be in memory
+_MAX_SECONDS = 1e9  # about 31 years
+_MIN_SECONDS = 0.001
+_MIN_STALL_SECONDS = 1.0  # 4 heartbeats (tiny.heartbeat.BEAT_SECONDS): less kills workers that are only busy
+_MIN_CPUS = 0.01  # the least cgroup quota: 1 ms of every 100 ms period (tiny.analytics.cpu)
+_MIN_RATE = 0.001  # one read per 1000 s; far below it the pace's interval and Retry-After grow absurd (1e-320: inf)
 
 
 @dataclass(frozen=True)
@@ -65,86 +78,88 @@ def usable_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     """Cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota.
 
     Inside a container started with ``--cpus 2`` (or compose ``cpus: 2``) this is 2, not
-    the host's core count.
+    the host's core count. A ``cpu.max`` that is not two positive whole numbers (or ``max``
+    and one) is not a quota: the affinity counts.
     """
     cores = len(os.sched_getaffinity(0))
     try:
-        quota, period = cgroup_cpu_max.read_text().split()
-        if quota != "max":
-            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
+        quota, period = (int(field) for field in cgroup_cpu_max.read_text().split())
+    except (OSError, ValueError):  # unreadable, "max 100000", or not two numbers
+        return cores
+    if quota > 0 and period > 0:
+        cores = min(cores, max(1, math.ceil(quota / period)))
     return cores
 
 
 def parse_size(text: str) -> int:
-    """Parse a byte count such as ``67108864``, ``64MiB`` or ``512k``."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"not a size: {text!r}")
+    """Parse a byte count such as ``67108864``, ``64MiB`` or ``512k`` (ASCII digits, no sign)."""
+    match = _SIZE.fullmatch(text)
+    if not match or len(match.group(1)) > _MAX_DIGITS:
+        raise ValueError(f"not a size: {_shown(text)}")
     unit = (match.group(2) or "").lower()[:1]
     return int(match.group(1)) * _UNITS[unit]
 
 
-def _positive_size(text: str) -> int:
+def _shown(text: str) -> str:
+    """``text`` quoted for an error message, cut short."""
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def _whole(low: int, high: int, why: str = "") -> Callable[[str], int]:
+    """The check of a flag that takes a whole number from ``low`` to ``high`` (``why``: the reason of the bounds)."""
+
+    def convert(text: str) -> int:
+        match = _WHOLE.fullmatch(text)
+        if match and len(match.group(1)) <= _MAX_DIGITS and low <= int(match.group(1)) <= high:
+            return int(match.group(1))
+        raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high}{why}")
+
+    return convert
+
+
+def _decimal(low: float, high: float, what: str, zero: str = "") -> Callable[[str], float]:
+    """The check of a flag that takes ``what`` (a number, decimals allowed) from ``low`` to
+    ``high``, or 0 when ``zero`` says what 0 means."""
+
+    def convert(text: str) -> float:
+        match = _DECIMAL.fullmatch(text)
+        value = float(match.group(1)) if match else math.nan  # "1e999" is inf: out of range
+        if (zero and value == 0) or low <= value <= high:  # nan is neither
+            return value
+        also = f", or 0 ({zero})" if zero else ""
+        raise argparse.ArgumentTypeError(f"must be {what} from {low:.10g} to {high:.10g}{also}")
+
+    return convert
+
+
+def _size(text: str) -> int:
+    """A byte count from 1 to 1 TiB."""
     try:
         value = parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be greater than 0")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError("must be 0-65535")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
+    except ValueError:
+        value = 0
+    if not 1 <= value <= _MAX_SIZE:
+        raise argparse.ArgumentTypeError("must be a size from 1 to 1TiB (bytes, or with k/M/G: 64MiB)")
     return value
 
 
 def _niceness(text: str) -> str:
     """``idle`` (SCHED_IDLE) or a nice value 0-19."""
-    text = text.strip().lower()
-    if text != "idle" and not (text.isdigit() and 0 <= int(text) <= 19):
-        raise argparse.ArgumentTypeError("must be 'idle' or a nice value 0-19")
-    return text
-
-
-def _number(text: str, highest: float, what: str) -> float:
-    """A number from 0 to ``highest``; ``what`` names it in the error (and gives an example)."""
+    if text.strip().lower() == "idle":
+        return "idle"
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {what}") from None
-    if not 0 <= value <= highest:
-        raise argparse.ArgumentTypeError(f"must be from 0 to {highest:.10g}")
-    return value
+        return str(_whole(0, 19)(text))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError("must be 'idle' or a nice value from 0 to 19") from None
 
 
-def _cpus(text: str) -> float:
-    """A number of CPUs, 0 or more (0.25: a quarter of one)."""
-    return _number(text, 1024, "a number of CPUs, e.g. 0.25")
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def convert(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError("must be " + " or ".join(repr(choice) for choice in choices))
+        return text
 
-
-def _journal_mode(text: str) -> str:
-    if text not in ("wal", "delete"):
-        raise argparse.ArgumentTypeError("must be 'wal' or 'delete'")
-    return text
+    return convert
 
 
 def _crash_point(text: str) -> str:
@@ -155,20 +170,11 @@ def _crash_point(text: str) -> str:
     chance, _, how = rest.partition(":")
     if text and point not in CRASH_POINTS:
         raise argparse.ArgumentTypeError("not a crash point")
-    if chance and not 0 <= float(chance) <= 1:
-        raise argparse.ArgumentTypeError("the probability must be 0-1")
+    if chance:
+        _decimal(0, 1, "a probability")(chance)
     if how not in ("", "kill", "stop", "stop-once"):
         raise argparse.ArgumentTypeError("the action must be 'kill', 'stop' or 'stop-once'")
     return text
-
-
-def _max_keys(text: str) -> int:
-    """At least the keys one flush may commit (limits.MAX_FLUSH_APPENDS): below that, a flush
-    would push out keys it is committing itself."""
-    value = int(text)
-    if value < limits.MAX_FLUSH_APPENDS:
-        raise argparse.ArgumentTypeError(f"must be at least {limits.MAX_FLUSH_APPENDS}, the keys one flush may commit")
-    return value
 
 
 def _boolean(text: str | bool) -> bool:
@@ -182,27 +188,29 @@ def _boolean(text: str | bool) -> bool:
     raise argparse.ArgumentTypeError("must be true or false (1/0, yes/no)")
 
 
-def _seconds(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
-
-
-def _rate(text: str) -> float:
-    """A number per second, 0 or more (0: no limit)."""
-    return _number(text, 1_000_000, "a number per second, e.g. 2.5")
+_port = _whole(0, 65535)
+_processes = _whole(0, 1024)  # more worker processes than any host has cores is a mistake
+_processes_per_lane = _whole(1, 1024)
+_count = _whole(0, _MAX_COUNT)
+_positive_count = _whole(1, _MAX_COUNT)
+# below the keys one flush may commit, a flush would push out keys it is committing itself
+_max_keys = _whole(limits.MAX_FLUSH_APPENDS, _MAX_COUNT, " (at least the keys one flush may commit)")
+_max_days = _whole(1, 10_000)  # each day of a request is a file one flush holds open (tiny.descriptors)
+_seconds = _decimal(_MIN_SECONDS, _MAX_SECONDS, "a number of seconds")
+_stall_seconds = _decimal(_MIN_STALL_SECONDS, _MAX_SECONDS, "a number of seconds")
+_cpus = _decimal(_MIN_CPUS, 1024, "a number of CPUs", zero="no quota")
+_rate = _decimal(_MIN_RATE, 1_000_000, "a number per second", zero="no pacing")
 
 
 # (flag, type, help); the default comes from Config, the environment overrides it. A flag
 # without help is for the tests only and stays out of --help.
-_FLAGS: list[tuple[str, object, str | None]] = [
+_FLAGS: list[tuple[str, Callable[[str], object], str | None]] = [
     ("port", _port, "TCP port to listen on"),
     ("address", str, "address to bind"),
-    ("processes", _non_negative_int, "worker processes; 0 = one per core"),
+    ("processes", _processes, "worker processes; 0 = one per core"),
     ("data_dir", Path, "directory of the daily CSV files and rejects/"),
-    ("durability", str, "acknowledge after write(2) ('write') or after fsync ('fsync')"),
-    ("max_body", _positive_size, "largest request body, compressed and decompressed (bytes, or 64MiB)"),
+    ("durability", _one_of(*DURABILITIES), "acknowledge after write(2) ('write') or after fsync ('fsync')"),
+    ("max_body", _size, "largest request body, compressed and decompressed (bytes, or 64MiB)"),
     (
         "token",
         str,
@@ -210,16 +218,16 @@ _FLAGS: list[tuple[str, object, str | None]] = [
         "On the command line it shows in ps: prefer --token-file or TINY_TOKEN",
     ),
     ("token_file", Path, "a file whose content is the token (a Docker secret's path works)"),
-    ("max_backlog", _positive_size, "unwritten bytes per process before /ingest answers 503"),
+    ("max_backlog", _size, "unwritten bytes per process before /ingest answers 503"),
     ("idle_timeout", _seconds, "seconds a connection may idle or take to send its headers"),
     ("body_timeout", _seconds, "seconds a client may take to send a request body"),
     ("drain_timeout", _seconds, "seconds SIGTERM waits for requests in flight before exiting"),
-    ("max_days", _positive_int, "distinct days one request may hold; records of further days are invalid"),
-    ("max_rejects", _non_negative_int, "invalid lines kept per request in rejects/; the rest are summarised"),
-    ("max_connections", _non_negative_int, "open connections per worker process; 0 = from the descriptor limit"),
+    ("max_days", _max_days, "distinct days one request may hold; records of further days are invalid"),
+    ("max_rejects", _count, "invalid lines kept per request in rejects/; the rest are summarised"),
+    ("max_connections", _count, "open connections per worker process; 0 = from the descriptor limit"),
     (
         "analytics_processes",
-        _positive_int,
+        _processes_per_lane,
         "analytics pool processes per worker and lane (answers: started with the worker; row reads: on the first)",
     ),
     ("analytics_nice", _niceness, "CPU priority of the analytics pool: 'idle' (SCHED_IDLE) or a nice value 0-19"),
@@ -227,10 +235,10 @@ _FLAGS: list[tuple[str, object, str | None]] = [
         "analytics_cpu",
         _cpus,
         "CPUs all analytics pool processes of the server may use together (a cgroup quota where one can be "
-        "made); 0 = no quota",
+        "made), 0.01 or more; 0 = no quota",
     ),
-    ("analytics_max_queued", _positive_int, "distinct analytics computations queued per worker before 503"),
-    ("analytics_cache_bytes", _positive_size, "analytics results cached per worker, in bytes (or 64MiB)"),
+    ("analytics_max_queued", _positive_count, "distinct analytics computations queued per worker before 503"),
+    ("analytics_cache_bytes", _size, "analytics results cached per worker, in bytes (or 64MiB)"),
     (
         "read_rate",
         _rate,
@@ -241,7 +249,7 @@ _FLAGS: list[tuple[str, object, str | None]] = [
     ("idempotency_max_keys", _max_keys, "Idempotency-Keys kept at most; past it the oldest go first"),
     (
         "journal_mode",
-        _journal_mode,
+        _one_of("wal", "delete"),
         "the journal's SQLite mode: 'wal' (one host), or 'delete' (writers on several hosts); every server "
         "on a data dir must use the same (tiny-admin set-journal-mode changes it)",
     ),
@@ -253,9 +261,9 @@ _FLAGS: list[tuple[str, object, str | None]] = [
     ),
     (
         "stall_timeout",
-        _seconds,
+        _stall_seconds,
         "seconds a worker's event loop may stall (its disk thread: this plus --lock-timeout) before the "
-        "parent kills and replaces it",
+        "parent kills and replaces it; at least 1",
     ),
     (
         "new_journal",
@@ -290,37 +298,60 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         epilog="Every flag can also be set as an environment variable TINY_<FLAG>, e.g. TINY_PORT=8001.",
     )
     for name, kind, text in _FLAGS:
-        env_name = ENV_PREFIX + name.upper()
-        default = environ.get(env_name, getattr(defaults, name))
+        default = environ.get(env_name(name), getattr(defaults, name))
         shown = "unset" if default is None else default
         if name == "token" and default is not None:
             shown = "set, not shown"  # --help must never print a secret
         extra: dict[str, object] = {"nargs": "?", "const": True} if kind is _boolean else {}
         parser.add_argument(
-            "--" + name.replace("_", "-"),
+            flag_name(name),
             dest=name,
-            type=kind,  # type: ignore[arg-type]
+            type=_naming(kind, name),
             default=default,
-            choices=DURABILITIES if name == "durability" else None,
-            help=f"{text} (env {env_name}; default {shown})" if text else argparse.SUPPRESS,
+            help=f"{text} (env {env_name(name)}; default {shown})" if text else argparse.SUPPRESS,
             **extra,  # type: ignore[arg-type]
         )
     return parser
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag of the Config field ``name``: ``--lock-timeout``."""
+    return "--" + name.replace("_", "-")
+
+
+def env_name(name: str) -> str:
+    """The environment variable of the Config field ``name``: ``TINY_LOCK_TIMEOUT``."""
+    return ENV_PREFIX + name.upper()
+
+
+def _naming(kind: Callable[[str], object], name: str) -> Callable[[str], object]:
+    """``kind`` whose refusal names the flag and its environment variable, and the value
+    refused: argparse prefixes the flag only, and the value may have come from the environment."""
+
+    def convert(text: str) -> object:
+        try:
+            return kind(text)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            where = f"{flag_name(name)} or {env_name(name)} in the environment"
+            raise argparse.ArgumentTypeError(f"{exc}, not {_shown(text)} (from {where})") from None
+
+    convert.__name__ = getattr(kind, "__name__", name)
+    return convert
 
 
 def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
     """Build the Config from command-line flags over TINY_* environment variables.
 
     Environment values go through the same conversion and checks as flags; a bad value
-    exits with argparse's usage error naming the flag.
+    exits (status 2) with argparse's usage error naming the flag, its environment variable
+    and the value. Every number is checked against its flag's range: nan, infinities, signs,
+    hex, "_" separators and digits of other scripts are refused.
     """
     parser = build_parser(environ)
     # argparse runs string defaults (our TINY_* values) through the flag's type too,
     # so a bad environment value fails here exactly like a bad flag.
     args = parser.parse_args(argv)
     values = {name: getattr(args, name) for name, _, _ in _FLAGS}
-    if values["durability"] not in DURABILITIES:
-        parser.error(f"argument --durability: must be one of {', '.join(DURABILITIES)}")
     if values["token"] == "":
         values["token"] = None
     for name, kind, _ in _FLAGS:  # a default from Config is not run through the flag's type

@@ -40,13 +40,19 @@ class Heartbeats:
         """Whether the worker in slot ``index`` beat after ``since`` (its loop ever ran)."""
         return _SLOT.unpack_from(self._map, index * _SLOT.size)[0] > since
 
-    def stalled(self, index: int, loop_bound: float, sink_bound: float) -> str | None:
-        """Why the worker in slot ``index`` counts as stalled, or None: its loop has not beaten
-        for ``loop_bound`` seconds, or its sink thread has been in one flush for ``sink_bound``."""
-        now = time.monotonic()
+    def stalled(
+        self, index: int, loop_bound: float, sink_bound: float, *, now: float | None = None, since: float = 0.0
+    ) -> str | None:
+        """Why the worker in slot ``index`` counts as stalled at ``now`` (default: now), or
+        None: its loop has not beaten for ``loop_bound`` seconds, or its sink thread has been
+        in one flush for ``sink_bound``. Time before ``since`` is not counted: the reader
+        itself was not running then (stopped, frozen), and a worker stopped with it had no
+        chance to beat."""
+        now = time.monotonic() if now is None else now
         loop, busy = _SLOT.unpack_from(self._map, index * _SLOT.size)
+        loop = max(loop, since)
         if now - loop > loop_bound:
             return f"its event loop has not run for {now - loop:.1f} s"
-        if busy and now - busy > sink_bound:
+        if busy and now - max(busy, since) > sink_bound:
             return f"its disk thread has been in one flush for {now - busy:.1f} s"
         return None

@@ -15,12 +15,14 @@ with "address already in use".
 The parent restarts any worker that dies, and kills and replaces one whose heartbeat
 (tiny.heartbeat) shows its event loop stalled for ``--stall-timeout`` seconds, or its disk
 thread in one flush for that plus ``--lock-timeout`` (a stopped process holding the data
-dir's lock among them): its socket, and the connections queued on it, go to the
-replacement. A worker that dies at its start (before its event loop ever ran) 5 times in a
-row stops the server (exit 1, its log says why) instead of looping. SIGTERM/SIGINT: the parent forwards it to the
-workers, waits for them to drain (``--drain-timeout`` plus 2 s, then SIGKILL), and exits 0
-when they all exited 0. Workers whose parent disappears (kill -9) notice within half a
-second and shut down cleanly.
+dir's lock among them): its socket, and the connections queued on it, go to the replacement.
+The parent's own pause does not count against its workers: after a gap in its loop (the
+whole process group stopped, ``docker pause``) it judges their heartbeats, and a stop's
+deadline, from the moment it runs again. A worker that dies at its start (before its event
+loop ever ran) 5 times in a row stops the server (exit 1, its log says why) instead of
+looping. SIGTERM/SIGINT: the parent forwards it to the workers, waits for them to drain
+(``--drain-timeout`` plus 2 s, then SIGKILL), and exits 0 when they all exited 0. Workers
+whose parent disappears (kill -9) notice within half a second and shut down cleanly.
 
 Before any worker starts, the parent opens the data dir's journal once (tiny.journal): a
 journal that cannot be used stops the start with its reason (exit 1). ``--no-fork`` (or
@@ -58,6 +60,7 @@ _RESTART_BACKOFF_SECONDS = 1.0
 _KILL_GRACE_SECONDS = 2.0
 _RESTART_BUDGET = 5  # deaths in a row of one worker before its loop ever ran that stop the server
 _LOOP_SECONDS = 0.25  # the parent's loop wakes at least this often (signals wake it at once)
+_PAUSED_SECONDS = _LOOP_SECONDS + 0.25  # a longer gap between two turns of the loop: the parent did not run
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
@@ -249,6 +252,8 @@ class _Supervisor:
         self.stopping = False
         self.deadline = 0.0
         self.failed = False
+        self.last_turn = 0.0  # when the loop last looked at the clock
+        self.judged_from = 0.0  # heartbeats count from here: the end of this process's last pause
 
     def run(self) -> int:
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -257,10 +262,12 @@ class _Supervisor:
         try:
             for index in range(len(self.sockets)):
                 self._spawn(index)
+            self.last_turn = time.monotonic()
             while self.children or (self.restart_at and not self.stopping):
                 self._reap(metrics.mark_dead)
                 self._act_on_signals()
                 now = time.monotonic()
+                self._excuse_own_pause(now)
                 if self.stopping:
                     if now > self.deadline and self.children:
                         log.error("workers %s did not stop in time; killing them", sorted(self.children))
@@ -268,7 +275,7 @@ class _Supervisor:
                         self._kill_all(signal.SIGKILL)
                         self.deadline = float("inf")
                 else:
-                    self._replace_stalled()
+                    self._replace_stalled(now)
                     for index, when in list(self.restart_at.items()):
                         if now >= when:
                             del self.restart_at[index]
@@ -346,12 +353,30 @@ class _Supervisor:
             # a worker that dies at once must not spin: its replacement waits a moment
             self.restart_at[worker.index] = time.monotonic() + (_RESTART_BACKOFF_SECONDS if lived < 1.0 else 0.0)
 
-    def _replace_stalled(self) -> None:
+    def _excuse_own_pause(self, now: float) -> None:
+        """After a gap in this loop longer than its turn (this process was stopped or frozen:
+        SIGSTOP of the process group, ``docker pause``; CLOCK_MONOTONIC counts on meanwhile),
+        count the workers' heartbeats, and the stop's deadline, from ``now``: the workers
+        were most likely stopped with it, and had no chance to beat. A worker stopped alone
+        while this process runs is still judged on time."""
+        gap, self.last_turn = now - self.last_turn, now
+        if gap <= _PAUSED_SECONDS:
+            return
+        log.warning(
+            "this process did not run for %.1f s (stopped or frozen?): its workers' heartbeats count from now", gap
+        )
+        self.judged_from = now
+        if self.stopping:
+            self.deadline += gap
+
+    def _replace_stalled(self, now: float) -> None:
         stall, lock = self.config.stall_timeout, self.config.lock_timeout
         for pid, worker in list(self.children.items()):
             # before its loop first runs, a worker may wait for the lock to open the journal
-            started = time.monotonic() - worker.started < stall + lock
-            why = self.heartbeats.stalled(worker.index, stall + (lock if started else 0.0), stall + lock)
+            # (a pause of this process ends with a fresh start's bound)
+            started = now - max(worker.started, self.judged_from) < stall + lock
+            loop_bound = stall + (lock if started else 0.0)
+            why = self.heartbeats.stalled(worker.index, loop_bound, stall + lock, now=now, since=self.judged_from)
             if why is None:
                 continue
             log.error("worker %d (pid %d) stalled: %s; killing it, a new one takes its socket", worker.index, pid, why)

@@ -31,6 +31,7 @@ slices from the ingest workers whenever it runs (measured: ingest p99 doubled).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -45,6 +46,7 @@ PREFIX = "tiny-analytics-"  # a server's group: PREFIX and its main process's pi
 LANES = ("answers", "rows")  # tiny.analytics.service's lanes, the second idle within the group
 _ROOT = Path("/sys/fs/cgroup")
 _LEAST_WEIGHT = {"v2": ("cpu.weight", "1"), "v1": ("cpu.shares", "2")}  # a group's lowest share of its parent
+_REMOVE_WAIT = 1.0  # seconds remove() waits for a group's last processes to leave it (EBUSY)
 
 CGROUP: Path | None = None  # set by prepare() in the main process, inherited by the forked workers
 MODE = "no quota: SCHED_IDLE only"
@@ -63,11 +65,11 @@ def _own_path(controller: str) -> str | None:
     return None
 
 
-def _v2_parent() -> Path | None:
+def _v2_parent(root: Path) -> Path | None:
     path = _own_path("")
-    if path is None or not (_ROOT / "cgroup.controllers").exists():
+    if path is None or not (root / "cgroup.controllers").exists():
         return None
-    parent = _ROOT / path.lstrip("/")
+    parent = root / path.lstrip("/")
     try:
         if "cpu" in (parent / "cgroup.subtree_control").read_text().split():
             return parent
@@ -76,22 +78,24 @@ def _v2_parent() -> Path | None:
     return None
 
 
-def _v1_parent() -> Path | None:
+def _v1_parent(root: Path) -> Path | None:
     path = _own_path("cpu")
-    for mount in (_ROOT / "cpu", _ROOT / "cpu,cpuacct"):
+    for mount in (root / "cpu", root / "cpu,cpuacct"):
         if path is not None and (mount / path.lstrip("/") / "cpu.cfs_quota_us").exists():
             return mount / path.lstrip("/")
     return None
 
 
-def prepare(cpus: float, name: str) -> Path | None:
-    """Make the cgroup ``name`` with a quota of ``cpus`` CPUs (0: none); sets CGROUP and MODE."""
+def prepare(cpus: float, name: str, root: Path = _ROOT) -> Path | None:
+    """Make the cgroup ``name`` with a quota of ``cpus`` CPUs (0: none) under the cgroup file
+    system mounted at ``root``; sets CGROUP and MODE. Where no group can be made (a read-only
+    cgroup file system, no permission), it gives up at once: one warning, no quota."""
     global CGROUP, MODE
     if cpus <= 0:
         MODE = "no quota (--analytics-cpu 0): SCHED_IDLE only"
         return None
     quota = max(1000, round(cpus * PERIOD_US))
-    for version, parent in (("v2", _v2_parent()), ("v1", _v1_parent())):
+    for version, parent in (("v2", _v2_parent(root)), ("v1", _v1_parent(root))):
         if parent is None:
             continue
         _remove_stale(parent)
@@ -109,8 +113,9 @@ def prepare(cpus: float, name: str) -> Path | None:
                 idle = "the group at the least weight, the row reads least within it"
             _make_lanes(group, version)
         except OSError as exc:
-            log.warning("no analytics CPU quota in %s (%s)", group, exc)
-            remove(group)
+            log.warning("no analytics CPU quota in %s (%s)", group, exc.strerror or exc)
+            if group.is_dir():  # made, then refused its settings
+                remove(group)
             continue
         CGROUP = group
         MODE = f"cgroup {version} {group}: {quota / PERIOD_US:g} CPU, {idle}"
@@ -121,11 +126,15 @@ def prepare(cpus: float, name: str) -> Path | None:
 
 def _remove_stale(parent: Path) -> None:
     """Remove the groups of servers that are gone (killed with -9: they could not remove theirs),
-    so that restarts never pile them up. A group is named for its server's pid (PREFIX<pid>)."""
+    so that restarts never pile them up. A group is named for its server's pid (PREFIX<pid>).
+    None is waited for (one still busy is tried again at the next start), and none is tried
+    where nothing can be removed (a read-only cgroup file system: prepare() says so once)."""
+    if not os.access(parent, os.W_OK):
+        return
     for group in parent.glob(f"{PREFIX}*"):
         pid = group.name[len(PREFIX) :]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            remove(group)
+            remove(group, wait=0.0)
 
 
 def _make_idle(group: Path, version: str) -> bool:
@@ -201,22 +210,34 @@ class ConfinedContext(SpawnContext):
         return process
 
 
-def remove(group: Path | None) -> None:
-    """Delete ``group`` and its lanes once their processes are gone (they exit with their
-    workers: waited for up to a second; best effort). Every child group goes, not only
-    today's LANES: a group left by an older version had other lane names."""
+def remove(group: Path | None, wait: float = _REMOVE_WAIT) -> bool:
+    """Delete ``group`` and its lanes; True when they are gone. Every child group goes, not
+    only today's LANES: a group left by an older version had other lane names.
+
+    A group is busy (EBUSY) until its processes are gone, and they exit with their workers:
+    that is waited for, up to ``wait`` seconds in all. Any other refusal (a read-only cgroup
+    file system, EPERM, EACCES) cannot change by waiting: the group is left at once, with
+    one warning."""
     if group is None:
-        return
+        return True
     try:
         children = [path for path in group.iterdir() if path.is_dir()]
     except OSError:
         children = []
-    for path in [*children, group]:
-        for _ in range(20):
-            try:
-                path.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.05)
+    deadline = time.monotonic() + wait
+    return all(_rmdir(path, deadline) for path in [*children, group])
+
+
+def _rmdir(path: Path, deadline: float) -> bool:
+    """Remove the empty cgroup ``path``, trying again while it is busy until ``deadline``."""
+    while True:
+        try:
+            path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
+                log.warning("the analytics cgroup %s is left behind: %s", path, exc.strerror or exc)
+                return False
+        time.sleep(0.05)
