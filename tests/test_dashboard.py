@@ -501,5 +501,5 @@ def test_the_page_of_100_whales_fits_the_width_in_a_bounded_height(
     image = Image.open(io.BytesIO(png))
     assert image.width == width and image.height >= 900
     if os.environ.get("TINY_UPDATE_SCREENSHOT") == "1":
-        small = image.convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
         small.save(ROOT / "images" / shot, optimize=True)
