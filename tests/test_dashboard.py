@@ -425,6 +425,7 @@ def test_a_day_still_counting_is_asked_again_and_shown_once_counted(tmp_path: Pa
             retries = int(browser.evaluate("document.body.dataset.retries"))
         finally:
             browser.close()
+        assert "analytics CPU: cgroup" in server.log(), "no CPU quota here: counting would not take seconds"
         assert re.search(rf"503 GET /api/days/{DAY}/\S+: the aggregates of {DAY} are catching up", server.log())
         truth = Truth(server)
         assert truth.of(DAY, "6")[0] == f"{3 * 77_107:,}"
