@@ -4,11 +4,18 @@
 (tiny.analytics.store, small data: 24 hours and N whales), 0-4 ms of CPU each;
 :func:`detail_job` draws one ip_id's downloads from its rows (tiny.analytics.compute),
 the one view that reads them (its thousands of points one embedded image).
+
+Every chart is WIDTH units wide, a width read at about 1:1 on a 420 px phone and at up to
+1.35x beside another chart on a desktop (the page scales it to its column; no text is
+smaller than SMALL_TEXT units), and carries what
+it is of on its root element (``data-view``, ``data-day``, and ``data-whales`` or
+``data-ip-id``): the page shows no chart of a day other than the one selected.
 Element ids name what the tests count.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,26 +26,32 @@ from tiny.cranlog import Row
 
 VIEWS = ("traffic", "whales", "hourly", "detail")
 FROM_AGGREGATES = ("traffic", "whales", "hourly")  # the others read rows
+BARS = 20  # whales drawn as bars, at most: the table beside the chart lists all N
+SMALL_MULTIPLES = 6  # whales drawn as one small bar chart each, at most; more make a heatmap
 _DETAIL_PACKAGES = 30  # packages named on the detail chart's y axis; the rest are "other"
 
 _WHALE_COLOR = "#e4572e"
 _OTHER_COLOR = "#9cc3e6"
+_MUTED = "#6b7280"
+
+WIDTH = 400.0  # units (points) of every chart's width
+SMALL_TEXT = 10.0  # font sizes, in the same units: the smallest, for dense labels
+_TEXT = 10.5
+_TITLE = 12.5
+_TICK = 3.5  # a tick mark's length
 
 
-def _short(text: str, limit: int = 40) -> str:
+def _short(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters (with an ellipsis): labels must fit beside a chart."""
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def _label(whale: dict[str, Any]) -> str:
-    return f"{whale['name']} ({_short(whale['country'] or '??', 12)})"
+def _label(whale: dict[str, Any], limit: int = 30) -> str:
+    return _short(f"{whale['name']} ({_short(whale['country'] or '??', 12)})", limit)
 
 
-# Written as SVG directly (tiny.analytics.svg), where matplotlib took 0.1-1 s of CPU a chart
-# (BENCHMARKS.md); they keep its figure sizes (points: 72 to the inch), colours and element ids.
-_PT = 72
-_TITLE = 12  # points: a title's font size (matplotlib's "large")
-_TICK = 3.5  # points: a tick mark's length
+def _about(view: str, date: str, whales: int) -> dict[str, str]:
+    return {"view": view, "day": date, "whales": str(whales)}
 
 
 @dataclass(frozen=True)
@@ -55,7 +68,7 @@ class _Box:
         return self.top + self.height
 
     def hour(self, h: float) -> float:
-        """x of hour ``h``'s middle: 24 hours from -0.6 to 23.6, as matplotlib's limits were."""
+        """x of hour ``h``'s middle: 24 hours from -0.6 to 23.6."""
         return self.left + (h + 0.6) / (HOURS + 0.2) * self.width
 
     def up(self, value: float, top: float) -> float:
@@ -67,7 +80,7 @@ def _count_labels(scale: list[int]) -> list[str]:
     return [f"{tick:,}" for tick in scale]
 
 
-def _y_counts(canvas: Canvas, box: _Box, scale: list[int], labels: bool = True, size: float = 10) -> None:
+def _y_counts(canvas: Canvas, box: _Box, scale: list[int], labels: bool = True, size: float = _TEXT) -> None:
     """The left spine with the count ticks of ``scale`` (their labels unless ``labels`` is off)."""
     canvas.line(box.left, box.top, box.left, box.bottom)
     for tick, label in zip(scale, _count_labels(scale), strict=True):
@@ -77,7 +90,7 @@ def _y_counts(canvas: Canvas, box: _Box, scale: list[int], labels: bool = True, 
             canvas.text(box.left - _TICK - 2, y, label, size, anchor="end", middle=True)
 
 
-def _x_hours(canvas: Canvas, box: _Box, labels: bool = True, size: float = 10) -> None:
+def _x_hours(canvas: Canvas, box: _Box, labels: bool = True, size: float = _TEXT) -> None:
     """The bottom spine with hour ticks every 3 hours (their labels unless ``labels`` is off)."""
     canvas.line(box.left, box.bottom, box.left + box.width, box.bottom)
     for h in range(0, HOURS, 3):
@@ -87,8 +100,11 @@ def _x_hours(canvas: Canvas, box: _Box, labels: bool = True, size: float = 10) -
             canvas.text(x, box.bottom + _TICK + size, str(h), size, anchor="middle")
 
 
-def _title(canvas: Canvas, x: float, text: str) -> None:
-    canvas.text(x, 6 + _TITLE, text, _TITLE)
+def _title(canvas: Canvas, text: str, subtitle: str = "") -> None:
+    """The title on the first line and, if given, a smaller grey subtitle under it."""
+    canvas.text(8, 6 + _TITLE, text, _TITLE)
+    if subtitle:
+        canvas.text(8, 20 + _TITLE, subtitle, SMALL_TEXT, fill=_MUTED)
 
 
 def render_traffic(date: str, aggregate: dict[str, Any], whales: list[dict[str, Any]]) -> bytes:
@@ -96,11 +112,16 @@ def render_traffic(date: str, aggregate: dict[str, Any], whales: list[dict[str, 
     whale_counts = [sum(w["hourly"][h] for w in whales) for h in range(HOURS)]
     others = [max(aggregate["hourly"][h] - whale_counts[h], 0) for h in range(HOURS)]
     scale = ticks(max(w + o for w, o in zip(whale_counts, others, strict=True)) * 1.05)
-    canvas = Canvas(9.0 * _PT, 4.2 * _PT)
-    left = 30 + max(text_width(label, 10) for label in _count_labels(scale))
-    box = _Box(left, 34, canvas.width - left - 12, canvas.height - 34 - 40)
+    canvas = Canvas(WIDTH, 250, _about("traffic", date, len(whales)))
+    left = 8 + max(text_width(label, _TEXT) for label in _count_labels(scale)) + _TICK + 2
+    box = _Box(left, 52, canvas.width - left - 8, canvas.height - 52 - 22)
     share = sum(whale_counts) / max(aggregate["downloads"], 1)
-    _title(canvas, box.left, f"All traffic by hour (UTC), {date}: top {len(whales)} whales made {share:.0%}")
+    _title(canvas, f"Downloads per hour (UTC), {date}")
+    x = 8.0
+    for color, label in ((_WHALE_COLOR, f"top {len(whales)} whales: {share:.0%}"), (_OTHER_COLOR, "everyone else")):
+        canvas.rect(x, 29, 12, 8, color)
+        canvas.text(x + 16, 33, label, _TEXT, middle=True)
+        x += 16 + text_width(label, _TEXT) + 14
     half = 0.8 / (HOURS + 0.2) * box.width / 2  # half a bar: 0.8 of an hour wide
     for h in range(HOURS):
         x, base, stacked = (
@@ -108,104 +129,82 @@ def render_traffic(date: str, aggregate: dict[str, Any], whales: list[dict[str, 
             box.up(whale_counts[h], scale[-1]),
             box.up(whale_counts[h] + others[h], scale[-1]),
         )
-        canvas.rect(
-            x,
-            base,
-            2 * half,
-            box.bottom - base,
-            _WHALE_COLOR,
-            f"traffic-whales-{h}",
-            f"{h:02d}h: {whale_counts[h]:,} by the whales",
-        )
-        canvas.rect(
-            x,
-            stacked,
-            2 * half,
-            base - stacked,
-            _OTHER_COLOR,
-            f"traffic-others-{h}",
-            f"{h:02d}h: {others[h]:,} by everyone else",
-        )
+        tip = f"{h:02d}h: {whale_counts[h]:,} by the whales"
+        canvas.rect(x, base, 2 * half, box.bottom - base, _WHALE_COLOR, f"traffic-whales-{h}", tip)
+        tip = f"{h:02d}h: {others[h]:,} by everyone else"
+        canvas.rect(x, stacked, 2 * half, base - stacked, _OTHER_COLOR, f"traffic-others-{h}", tip)
     _y_counts(canvas, box, scale)
     _x_hours(canvas, box)
-    canvas.text(box.left + box.width / 2, canvas.height - 8, "hour of day (UTC)", anchor="middle")
-    canvas.text(14, box.top + box.height / 2, "downloads", anchor="middle", rotate=True)
-    x = box.left + 8
-    for color, label in ((_WHALE_COLOR, f"top {len(whales)} whales"), (_OTHER_COLOR, "everyone else")):
-        canvas.rect(x, box.top + 4, 14, 7, color)
-        canvas.text(x + 20, box.top + 11, label)
-        x += 20 + text_width(label, 10) + 16
     return canvas.svg()
 
 
 def render_whales(date: str, whales: list[dict[str, Any]]) -> bytes:
-    """Horizontal bars: downloads per whale, the biggest on top."""
-    canvas = Canvas(6.0 * _PT, (1.0 + 0.3 * max(len(whales), 3)) * _PT)
-    labels = [_label(w) for w in whales]
-    values = [f"{w['downloads']:,}" for w in whales]
-    scale = ticks(max((w["downloads"] for w in whales), default=0) * 1.12)  # room for the value labels
-    left = 10 + max((text_width(label, 10) for label in labels), default=0)
-    box = _Box(left, 30, max(canvas.width - left - 16, 60.0), canvas.height - 30 - 36)
-    _title(canvas, min(box.left, 10.0), f"Biggest whales, {date}")
-    row = box.height / max(len(whales), 1)
-    for i, whale in enumerate(whales):
+    """Horizontal bars: downloads of the biggest whales (at most BARS), the biggest on top."""
+    shown = whales[:BARS]
+    row = 17.0
+    canvas = Canvas(WIDTH, 50 + row * max(len(shown), 3) + 26, _about("whales", date, len(whales)))
+    labels = [_label(w) for w in shown]
+    values = [f"{w['downloads']:,}" for w in shown]
+    scale = ticks(max((w["downloads"] for w in shown), default=0))
+    left = 8 + max((text_width(label, _TEXT) for label in labels), default=0) + _TICK + 2
+    # right of the axis: the longest bar's value label, and half the last tick's label
+    room = max([text_width(value, SMALL_TEXT) + 5 for value in values] + [text_width(f"{scale[-1]:,}", SMALL_TEXT) / 2])
+    box = _Box(left, 46, max(canvas.width - left - room - 4, 60.0), row * max(len(shown), 3))
+    if len(whales) > len(shown):
+        subtitle = f"the top {len(shown)} of {len(whales)}; the table lists all {len(whales)}"
+    else:
+        subtitle = f"downloads of each of the top {len(whales)}"
+    _title(canvas, f"Biggest whales, {date}", subtitle)
+    for i, whale in enumerate(shown):
         y = box.top + i * row
         width = whale["downloads"] / scale[-1] * box.width
-        canvas.rect(
-            box.left, y + 0.1 * row, width, 0.8 * row, _WHALE_COLOR, f"whale-bar-{i}", f"{labels[i]}: {values[i]}"
-        )
-        canvas.text(box.left - _TICK - 2, y + row / 2, labels[i], anchor="end", middle=True)
-        canvas.text(box.left + width + 3, y + row / 2, values[i], 8, middle=True)
+        tip = f"{labels[i]}: {values[i]}"
+        canvas.rect(box.left, y + 0.12 * row, width, 0.76 * row, _WHALE_COLOR, f"whale-bar-{i}", tip)
+        canvas.text(box.left - _TICK - 2, y + row / 2, labels[i], _TEXT, anchor="end", middle=True)
+        canvas.text(box.left + width + 3, y + row / 2, values[i], SMALL_TEXT, middle=True)
     canvas.line(box.left, box.top, box.left, box.bottom)
     canvas.line(box.left, box.bottom, box.left + box.width, box.bottom)
-    for tick, label in zip(scale, _count_labels(scale), strict=True):
+    step = max(1, -(-len(scale) // 4))  # at most 4 labelled ticks: they must not touch on a phone
+    for n, (tick, label) in enumerate(zip(scale, _count_labels(scale), strict=True)):
         x = box.left + tick / scale[-1] * box.width
         canvas.line(x, box.bottom, x, box.bottom + _TICK)
-        canvas.text(x, box.bottom + _TICK + 10, label, anchor="middle")
-    canvas.text(box.left + box.width / 2, canvas.height - 6, "downloads", anchor="middle")
+        if n % step == 0:
+            canvas.text(x, box.bottom + _TICK + SMALL_TEXT + 1, label, SMALL_TEXT, anchor="middle")
     return canvas.svg()
 
 
 def render_hourly(date: str, whales: list[dict[str, Any]]) -> bytes:
-    """Each whale's downloads per hour: small multiples up to 12 whales, a heatmap beyond."""
-    if len(whales) > 12:
+    """Each whale's downloads per hour: small multiples up to SMALL_MULTIPLES whales, a heatmap beyond."""
+    if len(whales) > SMALL_MULTIPLES:
         return _render_heatmap(date, whales)
-    columns = 3 if len(whales) <= 9 else 4
+    columns = 1 if len(whales) <= 1 else 2
     rows = max(1, -(-len(whales) // columns))
-    canvas = Canvas(13.0 * _PT, (0.5 + 1.6 * rows) * _PT)
+    panel = 96.0
+    canvas = Canvas(WIDTH, 34 + rows * panel, _about("hourly", date, len(whales)))
     scale = ticks(max((max(w["hourly"]) for w in whales), default=0) * 1.05, 3)  # one y axis for all
-    gutter = 12 + max(text_width(label, 8) for label in _count_labels(scale))
-    cell_width, cell_height = (canvas.width - 10) / columns, (canvas.height - 28) / rows
-    canvas.text(10, 6 + _TITLE, f"Whales by hour (UTC), {date}", _TITLE)
+    gutter = 8 + max(text_width(label, SMALL_TEXT) for label in _count_labels(scale))
+    cell_width = (canvas.width - 8) / columns
+    _title(canvas, f"Whales by hour (UTC), {date}")
     half = 0.85 / (HOURS + 0.2) / 2
     for i, whale in enumerate(whales):
         row, column = divmod(i, columns)
-        box = _Box(
-            10 + column * cell_width + gutter,
-            28 + row * cell_height + 16,
-            cell_width - gutter - 8,
-            cell_height - 16 - 22,
-        )
-        below = i + columns < len(whales)  # another panel under this one: its hours say it
+        left = 8 + column * cell_width
+        box = _Box(left + gutter, 34 + row * panel + 16, cell_width - gutter - 10, panel - 16 - 24)
         with canvas.group(f"whale-panel-{i}"):
-            canvas.text(box.left, box.top - 5, _label(whale), 9)
+            canvas.text(left, box.top - 6, _label(whale), _TEXT)
             for h, count in enumerate(whale["hourly"]):
                 y = box.up(count, scale[-1])
-                canvas.rect(
-                    box.hour(h) - half * box.width,
-                    y,
-                    2 * half * box.width,
-                    box.bottom - y,
-                    _WHALE_COLOR,
-                    tip=f"{h:02d}h: {count:,}",
-                )
-            _y_counts(canvas, box, scale, labels=column == 0, size=8)
-            _x_hours(canvas, box, labels=not below, size=8)
+                width = 2 * half * box.width
+                canvas.rect(box.hour(h) - width / 2, y, width, box.bottom - y, _WHALE_COLOR, tip=f"{h:02d}h: {count:,}")
+            _y_counts(canvas, box, scale, labels=True, size=SMALL_TEXT)
+            _x_hours(canvas, box, size=SMALL_TEXT)
     return canvas.svg()
 
 
 # matplotlib's "Oranges" (ColorBrewer's 9-class sequential scheme), light to dark
 _ORANGES = ("#fff5eb", "#fee6ce", "#fdd0a2", "#fdae6b", "#fd8d3c", "#f16913", "#d94801", "#a63603", "#7f2704")
+_NONE = "#eef0f3"  # a heatmap cell of no downloads: grey, apart from the scale
+_LIGHTEST = 0.15  # where one download an hour starts on the scale (its lightest colours are too close to white)
 
 
 def _blend(fraction: float) -> str:
@@ -226,32 +225,69 @@ def _orange(fraction: float) -> str:
     return _PALETTE[round(min(max(fraction, 0.0), 1.0) * 255)]
 
 
+def heat(count: int, top: int) -> float:
+    """Where ``count`` downloads an hour fall on the heatmap's log scale, whose darkest is ``top``:
+    1 at _LIGHTEST, ``top`` at 1, each tenfold the same step (so 10 and 100 differ as much as
+    100 and 1,000, and the whales below the two biggest are not all pale); 0 for none."""
+    if count <= 0:
+        return 0.0
+    if top <= 1:
+        return 1.0
+    return _LIGHTEST + (1 - _LIGHTEST) * math.log(min(count, top)) / math.log(top)
+
+
+def _heat_color(count: int, top: int) -> str:
+    return _orange(heat(count, top)) if count > 0 else _NONE
+
+
+def _log_ticks(top: int) -> list[int]:
+    """1, 10, 100, ... up to ``top``, and ``top`` itself unless it is within 2x of the last."""
+    found = [10**k for k in range(len(str(top))) if 10**k <= top]
+    if top > 2 * found[-1]:
+        found.append(top)
+    elif top != found[-1]:
+        found[-1] = top
+    return found
+
+
+def _heat_legend(canvas: Canvas, top: int, y: float) -> None:
+    """The colour scale at ``y``: a "0" swatch, then a bar from 1 to ``top`` with log ticks."""
+    canvas.text(8, y, "colour: downloads per hour, log scale", SMALL_TEXT, fill=_MUTED)
+    bar = _Box(34, y + 6, canvas.width - 34 - 4 - text_width(f"{top:,}", SMALL_TEXT) / 2, 9)  # room for its last label
+    canvas.rect(8, bar.top, 14, bar.height, _NONE, "whale-heatmap-none")
+    canvas.text(15, bar.bottom + SMALL_TEXT + 3, "0", SMALL_TEXT, anchor="middle")
+    canvas.gradient(
+        "whale-heatmap-scale", [_orange(_LIGHTEST + (1 - _LIGHTEST) * i / 8) for i in range(9)], across=True
+    )
+    canvas.rect(bar.left, bar.top, bar.width, bar.height, "url(#whale-heatmap-scale)", "whale-heatmap-legend")
+    for tick in _log_ticks(top):
+        x = bar.left + (math.log(tick) / math.log(top) if top > 1 else 1.0) * bar.width
+        canvas.line(x, bar.bottom, x, bar.bottom + _TICK)
+        canvas.text(x, bar.bottom + SMALL_TEXT + 3, f"{tick:,}", SMALL_TEXT, anchor="middle")
+
+
 def _render_heatmap(date: str, whales: list[dict[str, Any]]) -> bytes:
-    canvas = Canvas(13.0 * _PT, (1.0 + 0.2 * len(whales)) * _PT)
-    labels = [_label(w) for w in whales]
-    top = max(max(w["hourly"]) for w in whales) or 1
-    scale = [tick for tick in ticks(top) if tick <= top]
-    left = 10 + max(text_width(label, 7) for label in labels)
-    box = _Box(left, 30, canvas.width - left - 90, canvas.height - 30 - 36)
-    _title(canvas, box.left, f"Whales by hour (UTC), {date}")
-    cell, row = box.width / HOURS, box.height / len(whales)
-    pixels = [[_orange(count / top) for count in whale["hourly"]] for whale in whales]
+    """Whales (rows, biggest first) by hour (columns), the hours on top and bottom, the colour
+    scale (log) on top: a tall heatmap reads from its first rows."""
+    row = 13.0
+    labels = [_label(w, 28) for w in whales]
+    top = max(max(w["hourly"]) for w in whales)
+    left = 8 + max(text_width(label, SMALL_TEXT) for label in labels) + _TICK + 2
+    box = _Box(left, 84, WIDTH - left - 8, row * len(whales))
+    canvas = Canvas(WIDTH, box.bottom + 20, _about("hourly", date, len(whales)))
+    _title(canvas, f"Whales by hour (UTC), {date}")
+    _heat_legend(canvas, top, 34)
+    cell = box.width / HOURS
+    pixels = [[_heat_color(count, top) for count in whale["hourly"]] for whale in whales]
     canvas.image(box.left, box.top, box.width, box.height, png(pixels), "whale-heatmap")
     for i, label in enumerate(labels):
-        canvas.text(box.left - _TICK - 2, box.top + (i + 0.5) * row, label, 7, anchor="end", middle=True)
+        canvas.text(box.left - _TICK - 2, box.top + (i + 0.5) * row, label, SMALL_TEXT, anchor="end", middle=True)
     for h in range(0, HOURS, 3):
         x = box.left + (h + 0.5) * cell
+        canvas.line(x, box.top - _TICK, x, box.top)
+        canvas.text(x, box.top - _TICK - 2, str(h), SMALL_TEXT, anchor="middle")
         canvas.line(x, box.bottom, x, box.bottom + _TICK)
-        canvas.text(x, box.bottom + _TICK + 10, str(h), anchor="middle")
-    canvas.text(box.left + box.width / 2, canvas.height - 6, "hour of day (UTC)", anchor="middle")
-    bar = _Box(box.left + box.width + 16, box.top, 12, box.height)  # the colour bar: 0 at the bottom
-    canvas.gradient("whale-heatmap-scale", list(_ORANGES))
-    canvas.rect(bar.left, bar.top, bar.width, bar.height, "url(#whale-heatmap-scale)")
-    for tick in scale:
-        y = bar.up(tick, top)
-        canvas.line(bar.left + bar.width, y, bar.left + bar.width + _TICK, y)
-        canvas.text(bar.left + bar.width + _TICK + 2, y, f"{tick:,}", 8, middle=True)
-    canvas.text(canvas.width - 8, bar.top + bar.height / 2, "downloads", anchor="middle", rotate=True)
+        canvas.text(x, box.bottom + _TICK + SMALL_TEXT + 1, str(h), SMALL_TEXT, anchor="middle")
     return canvas.svg()
 
 
@@ -267,8 +303,9 @@ _CLOCK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 180, 240, 360)  # minutes between 
 
 
 def _clock_ticks(first: float, last: float) -> list[float]:
-    """Ticks (hours of day) at round clock times within ``first`` .. ``last``, at most 9."""
-    step = next((m for m in _CLOCK_STEPS if (last - first) * 60 / m <= 8), _CLOCK_STEPS[-1]) / 60
+    """Ticks (hours of day) at round clock times within ``first`` .. ``last``, at most 5 (their
+    labels must not touch on a phone)."""
+    step = next((m for m in _CLOCK_STEPS if (last - first) * 60 / m <= 4), _CLOCK_STEPS[-1]) / 60
     start = -(-first // step) * step
     return [start + i * step for i in range(int((last - start) / step + 1e-9) + 1)]
 
@@ -287,23 +324,22 @@ def render_detail(date: str, mine: list[Row], ip_id: int) -> bytes | None:
     line_of = {package: i for i, package in enumerate(order)}
     x = [_hours(row.time) for row in mine]
     y = [line_of.get(p, 0) for p in packages]
-    labels = [_short(package) for package in order]
-    canvas = Canvas(9.0 * _PT, (1.2 + 0.2 * len(order)) * _PT)
-    left = 12 + max(text_width(label, 8) for label in labels)
-    box = _Box(left, 30, canvas.width - left - 12, canvas.height - 30 - 36)
+    labels = [_short(package, 24) for package in order]
+    row = 13.0
+    left = 8 + max(text_width(label, SMALL_TEXT) for label in labels) + _TICK + 2
+    box = _Box(left, 46, WIDTH - left - 4 - text_width("00:00", SMALL_TEXT) / 2, row * len(order))  # room for 24:00
+    canvas = Canvas(WIDTH, box.bottom + 34, {"view": "detail", "day": date, "ip-id": str(ip_id)})
     name = whale_name(date, ip_id)
-    title = f"{name} (ip_id {ip_id}), {date}: {len(mine):,} downloads of {len(counts):,} packages"
-    _title(canvas, min(box.left, 10.0), title)
+    _title(canvas, f"{name} (ip_id {ip_id})", f"{date}: {len(mine):,} downloads of {len(counts):,} packages")
     pad = max((max(x) - min(x)) * 0.03, 1 / 60)
     first, last = max(min(x) - pad, 0.0), min(max(x) + pad, float(HOURS))
-    row = box.height / len(order)  # package i's middle: len(order) - i - 0.5 rows from the top
 
-    def middle(i: int) -> float:
+    def middle(i: int) -> float:  # package i's middle: len(order) - i - 0.5 rows from the top
         return box.top + (len(order) - i - 0.5) * row
 
     for i, label in enumerate(labels):
         canvas.line(box.left, middle(i), box.left + box.width, middle(i), "#eeeeee")
-        canvas.text(box.left - _TICK - 2, middle(i), label, 8, anchor="end", middle=True)
+        canvas.text(box.left - _TICK - 2, middle(i), label, SMALL_TEXT, anchor="end", middle=True)
     # The points: one raster of 2 pixels a point, each download a "|" mark (thousands of them
     # would otherwise be an element each).
     marks = Marks(round(box.width * 2), round(box.height * 2))
@@ -318,8 +354,16 @@ def render_detail(date: str, mine: list[Row], ip_id: int) -> bytes | None:
         at = box.left + (tick - first) / (last - first) * box.width
         minutes = round(tick * 60)
         canvas.line(at, box.bottom, at, box.bottom + _TICK)
-        canvas.text(at, box.bottom + _TICK + 10, f"{minutes // 60:02d}:{minutes % 60:02d}", anchor="middle")
-    canvas.text(box.left + box.width / 2, canvas.height - 6, "time of day (UTC)", anchor="middle")
+        canvas.text(
+            at,
+            box.bottom + _TICK + SMALL_TEXT + 1,
+            f"{minutes // 60:02d}:{minutes % 60:02d}",
+            SMALL_TEXT,
+            anchor="middle",
+        )
+    canvas.text(
+        box.left + box.width / 2, canvas.height - 5, "time of day (UTC)", SMALL_TEXT, anchor="middle", fill=_MUTED
+    )
     return canvas.svg()
 
 

@@ -112,14 +112,19 @@ class Marks:
 
 class Canvas:
     """An SVG document of ``width`` x ``height`` points on a white ground, written element by
-    element; :meth:`svg` returns its bytes."""
+    element; :meth:`svg` returns its bytes.
 
-    def __init__(self, width: float, height: float) -> None:
+    ``about`` becomes ``data-<key>="<value>"`` attributes of the root element: what the chart
+    is of (its day, its N), for a client to check before it shows the chart.
+    """
+
+    def __init__(self, width: float, height: float, about: dict[str, str] | None = None) -> None:
         self.width, self.height = width, height
+        marks = "".join(f' data-{key}="{escape(value)}"' for key, value in (about or {}).items())
         self._parts = [
             '<?xml version="1.0" encoding="utf-8" standalone="no"?>\n'
             f'<svg xmlns="http://www.w3.org/2000/svg" version="1.1" width="{_n(width)}pt" '
-            f'height="{_n(height)}pt" viewBox="0 0 {_n(width)} {_n(height)}" font-family="{FONT}">\n'
+            f'height="{_n(height)}pt" viewBox="0 0 {_n(width)} {_n(height)}" font-family="{FONT}"{marks}>\n'
             f'<rect x="0" y="0" width="{_n(width)}" height="{_n(height)}" fill="#ffffff"/>\n'
         ]
 
@@ -156,14 +161,14 @@ class Canvas:
             f"{escape(text)}</text>\n"
         )
 
-    def gradient(self, id: str, colors: list[str]) -> None:
-        """A vertical gradient through ``colors`` (bottom to top), to fill a rect with ``url(#id)``."""
+    def gradient(self, id: str, colors: list[str], across: bool = False) -> None:
+        """A gradient through ``colors``, bottom to top (left to right when ``across``), to fill
+        a rect with ``url(#id)``."""
         stops = "".join(
             f'<stop offset="{_n(i / (len(colors) - 1))}" stop-color="{color}"/>' for i, color in enumerate(colors)
         )
-        self._parts.append(
-            f'<defs><linearGradient id="{escape(id)}" x1="0" y1="1" x2="0" y2="0">{stops}</linearGradient></defs>\n'
-        )
+        direction = 'x1="0" y1="0" x2="1" y2="0"' if across else 'x1="0" y1="1" x2="0" y2="0"'
+        self._parts.append(f'<defs><linearGradient id="{escape(id)}" {direction}>{stops}</linearGradient></defs>\n')
 
     def image(
         self, x: float, y: float, width: float, height: float, image: bytes, id: str = "", opacity: float = 1

@@ -194,11 +194,13 @@ class DownloadsHandler(AnalyticsHandler):
 class ChartHandler(AnalyticsHandler):
     """``GET /api/days/<date>/charts/<view>.svg?top=N[&ip_id=I]``: 200 ``image/svg+xml``.
 
-    Views (drawn in the pool): ``traffic`` all traffic by hour vs the top N
-    whales; ``whales`` the top N as bars; ``hourly`` each whale by hour (small multiples, a
-    heatmap past 12); ``detail`` one ip_id's downloads, time x package (I defaults to the
-    biggest whale; read from the rows). 400 bad date, N or I; 404 no such day, view,
-    or downloads of I.
+    Views (drawn in the pool, tiny.analytics.charts): ``traffic`` all traffic by hour vs the
+    top N whales; ``whales`` the top N as bars (the first 20 of them); ``hourly`` each whale by
+    hour (small multiples up to 6 whales, beyond a heatmap on a log colour scale); ``detail``
+    one ip_id's downloads, time x package (I defaults to the biggest whale; read from the
+    rows). The SVG's root element says what it is of: ``data-view``, ``data-day``, and
+    ``data-whales`` (how many whales it is of) or ``data-ip-id``. 400 bad date, N or I; 404
+    no such day, view, or downloads of I.
     """
 
     name = "chart"

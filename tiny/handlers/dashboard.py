@@ -1,5 +1,15 @@
 """``GET /``: the whales dashboard page (tiny/handlers/dashboard.html), public because it holds no data.
 
+What the page holds to: each view (totals, traffic, biggest whales, whales by hour, the whale
+table, one whale's detail) is captioned with the day it is of and shows nothing of another
+day or N. Choosing a day or N empties every view at once and aborts what is on its way; an
+answer is shown only if the choice is unchanged and the answer says it is of that day (the
+``date`` of a JSON answer, the ``data-day`` of a chart's root element). A 503 is asked again
+after its Retry-After (1-60 s), the view saying meanwhile what the server said is left to
+count ("counting <day>, N rows left"); an answer not there within 60 s is asked again.
+Layout: two columns from 900 px, one below; the whale table and a heatmap of many whales
+scroll within their views, so the page's height hardly grows with N.
+
 The page asks for the token when the API answers 401, keeps it in the tab's sessionStorage,
 and sends it in the Authorization header (charts too: fetched, then shown from blob: URLs).
 The token never goes into a URL, a cookie or a log.
