@@ -342,3 +342,55 @@ def test_the_buffers_of_bodies_read_whole_stay_within_their_budget(tmp_path: Pat
             for sock in socks:
                 sock.close()
     assert len((tmp_path / "data" / "2014-05-04.csv").read_bytes().splitlines()) == 1 + 40 * 5800
+
+
+# An answer that closes its connection ends it: nothing sent after that request is processed.
+
+_ONE = orjson.dumps(record()) + b"\n"
+_CHUNKED = b"POST /ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+    len(_ONE),
+    _ONE,
+)
+_CLOSING = {  # a request whose answer closes the connection: (the request, its status)
+    "a 405": (b"PUT /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n{}\n", 405),
+    "a 415": (_post(_ONE, extra=b"Content-Type: text/html\r\n"), 415),
+    "a key sent twice": (_post(_ONE, extra=b"Idempotency-Key: a\r\nIdempotency-Key: b\r\n"), 400),
+    "a drain": (_CHUNKED, 200),  # answered whole, with Connection: close while the worker drains
+}
+_NEXT = {"fast": _post(_ONE), "chunked": _CHUNKED}  # the usual head, and one Tornado's parser reads
+
+
+def _rows(data: Path) -> int:
+    day = data / "2014-05-04.csv"
+    return len(day.read_bytes().splitlines()) - 1 if day.exists() else 0
+
+
+@pytest.mark.hardening("third 1: a request pipelined behind an answer that closes was written and never answered")
+@pytest.mark.parametrize("way", ["lean", "general"])
+@pytest.mark.parametrize("following", _NEXT.keys())
+@pytest.mark.parametrize("closing", _CLOSING.keys())
+def test_a_request_pipelined_behind_an_answer_that_closes_is_neither_written_nor_answered(
+    tmp_path: Path, closing: str, following: str, way: str
+) -> None:
+    """RFC 9112, section 9.6: once the server closes, it processes no further request of that
+    connection. A client that retries the dropped request then writes it once, not twice."""
+    request, status = _CLOSING[closing]
+    data = tmp_path / "data"
+    with InProcessServer(data, *(["--lean", "false"] if way == "general" else [])) as server:
+        if closing == "a drain":
+            server.deps.drain.begin()
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.settimeout(10)
+            sock.sendall(request + _NEXT[following])
+            ((head, _),) = _answers(sock, 1)
+            assert head.startswith(b"HTTP/1.1 %d " % status) and b"\r\nConnection: close\r\n" in head + b"\r\n"
+            assert _closed(sock)  # and no second answer before the close
+        # The same request on a new connection is written and answered: the one behind the close
+        # was a valid one. Its answer comes after any flush that would have held the other.
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.settimeout(10)
+            sock.sendall(_NEXT[following])
+            ((head, _),) = _answers(sock, 1)
+            assert head.startswith(b"HTTP/1.1 200 ")
+        assert wait_for(lambda: server.deps.drain.in_flight == 0)
+    assert _rows(data) == (1 if status == 200 else 0) + 1

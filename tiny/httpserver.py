@@ -15,6 +15,12 @@ a fast one, needs:
 - **A lean way in** (``lean``): once a request's headers are in, a callable may take it with
   a delegate of its own (tiny.handlers.lean: the usual POST /ingest without a
   RequestHandler); every other request goes to the application as before.
+- **An answer that closes, closes** (RFC 9112, section 9.6): whichever way answered, once an
+  answer says ``Connection: close`` (a refusal before the body was read, a drain) the
+  connection is closed after it, and nothing sent after that request is read or processed.
+  Tornado closes after a refusal sent before the body was read, but its loop could still take
+  the next request already in the read buffer; and it kept the connection open after an
+  answer that said ``Connection: close`` of its own accord.
 - **A fast way to the lean one**: the commonest request head (``POST /ingest HTTP/1.1`` or 1.0,
   well-formed header fields each sent once, CRLF line ends, a Content-Length, no
   Transfer-Encoding, Expect or Upgrade) is parsed here, without Tornado's
@@ -301,19 +307,33 @@ class _Route(httputil.HTTPMessageDelegate):
 
 
 class _Connection(HTTP1Connection):
-    """``HTTP1Connection`` whose chunked-body reader accepts chunk extensions and trailers, and
-    which writes a whole answer at once (:meth:`write_answer`)."""
+    """``HTTP1Connection`` whose chunked-body reader accepts chunk extensions and trailers,
+    which writes a whole answer at once (:meth:`write_answer`), and which closes after every
+    answer that says ``Connection: close`` (Tornado closes only after one it decided to close)."""
+
+    def write_headers(
+        self,
+        start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
+        headers: httputil.HTTPHeaders,
+        chunk: bytes | None = None,
+    ) -> Future[None]:
+        if _says_close(headers.get("Connection")):  # the application's answer: it closes the connection
+            self._disconnect_on_finish = True
+        return super().write_headers(start_line, headers, chunk)
 
     def write_answer(self, head: bytes, body: bytes, close: bool = False) -> None:
         """Write a server response whose status line and headers are ``head`` (each line ending
         in CRLF, Content-Length among them) and whose body is ``body``, then finish it: what
         ``write_headers(start, headers, body)`` and ``finish()`` do for such a response in
         Tornado 6.6.1, without building an HTTPHeaders and formatting it line by line.
-        ``close`` adds ``Connection: close``; as write_headers does, so does a request that
-        asked for it, and an HTTP/1.0 request that asked for keep-alive gets it."""
+        ``close`` adds ``Connection: close`` and closes the connection after the answer; as
+        write_headers does, so does a request that asked for it, and an HTTP/1.0 request that
+        asked for keep-alive gets it."""
         request = self._request_start_line
         assert request is not None and self._request_headers is not None
         asked = request.version == "HTTP/1.0" and self._request_headers.get("Connection", "").lower() == "keep-alive"
+        if close:
+            self._disconnect_on_finish = True
         head += _connection_line(request.version, close, self._disconnect_on_finish, asked)
         self._chunking_output = False
         self._expected_content_remaining = 0
@@ -412,7 +432,9 @@ class _ServerConnection(HTTP1ServerConnection):
         # the fast way first when the server has a lean way in.
         server = self.server
         try:
-            while True:
+            # An answer that closed the connection ends the loop, whatever is left in the read
+            # buffer: those requests came after a close and are not processed (RFC 9112, 9.6).
+            while not self.stream.closed():
                 if server.lean is not None:
                     server.waiting[self] = IOLoop.current().time()  # until the head is in
                     try:
@@ -562,6 +584,11 @@ class _FastConnection:
         self.close = self.close or close
         if not self.stream.closed():
             self.written = self.stream.write(head + b"\r\n" + body)
+
+
+def _says_close(connection: str | None) -> bool:
+    """Whether an answer's ``Connection`` header holds the ``close`` option (RFC 9110, 7.6.1)."""
+    return connection is not None and "close" in (option.strip().lower() for option in connection.split(","))
 
 
 def _connection_line(version: str, close: bool, disconnect: bool, asked_keep_alive: bool) -> bytes:

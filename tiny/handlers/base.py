@@ -1,8 +1,8 @@
 """What every handler shares: its typed dependencies, the JSON error shape, limits and auth.
 
 Every non-200 answer is ``{"error": {"status": S, "message": "..."}}``; the message is
-meant for the client and never carries internals. Whether an answer closes its connection
-is decided in one place, :meth:`JSONHandler.finish`.
+meant for the client and never carries internals. Whether an answer closes its connection is
+decided in one function, for every way into the server: :func:`closes_connection`.
 """
 
 from __future__ import annotations
@@ -67,6 +67,15 @@ def check_token(token: str | None, authorization: str) -> None:
         raise APIError(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="tiny"'})
 
 
+def closes_connection(drain: Drain, body_read: bool) -> bool:
+    """Whether an answer closes its connection (says ``Connection: close``, and the server then
+    closes it and reads nothing more: tiny.httpserver): while draining, and whenever the answer
+    comes before the request's whole body was read (an early 401, 405, 413, 415 or 431), whose
+    rest is never read. Said out loud, a proxy does not put the connection back in its
+    keep-alive pool and send the next request into a close."""
+    return drain.closes_connection() or not body_read
+
+
 class APIError(web.HTTPError):
     """An error whose ``message`` is shown to the client, with optional extra headers."""
 
@@ -125,12 +134,8 @@ class JSONHandler(web.RequestHandler):
         return True
 
     def finish(self, chunk: str | bytes | dict[str, Any] | None = None) -> Any:
-        # The one place that decides whether this answer closes its connection: while
-        # draining, and whenever Tornado will close it because the answer comes before the
-        # body was read (an early 401, 405, 413 or 415). Said out loud, a proxy does not put
-        # the connection back in its keep-alive pool and send the next request into a close.
-        if self.deps.drain.closes_connection() or not self.body_read():
-            self.set_header("Connection", "close")
+        if closes_connection(self.deps.drain, self.body_read()):
+            self.set_header("Connection", "close")  # tiny.httpserver closes the connection after it
         return super().finish(chunk)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:

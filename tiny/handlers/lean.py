@@ -13,7 +13,7 @@ the handler, because both call tiny.handlers.ingest.process: 413 while the body 
 400/413 of a gzip body, 422, 503 with Retry-After.
 
 It keeps every behaviour of the handler: the drain's in-flight count and ``Connection:
-close`` (while draining, and for an answer sent before the whole body was read), the metrics
+close`` (tiny.handlers.base.closes_connection, the handler's own rule), the metrics
 (``tiny_requests_total{handler="ingest"}``, the duration), the answer's headers (Server,
 Content-Type, Date, Content-Length, ``Idempotent-Replayed``, ``Retry-After``), the log line of
 a refusal. The body timeout is set only when the body is not already buffered: a body that
@@ -39,7 +39,7 @@ from tornado.http1connection import HTTP1Connection
 from tornado.httputil import HTTPHeaders
 from tornado.log import access_log
 
-from tiny.handlers.base import APIError, Deps
+from tiny.handlers.base import APIError, Deps, closes_connection
 from tiny.handlers.ingest import process
 from tiny.handlers.rules import Head
 from tiny.httpserver import Fields
@@ -139,7 +139,7 @@ class LeanIngest(httputil.HTTPMessageDelegate):
         if self.answered or self.connection.stream.closed():
             return
         self.answered = True
-        close = self.deps.drain.closes_connection() or not self.body_read  # as JSONHandler.finish decides it
+        close = closes_connection(self.deps.drain, self.body_read)
         head = _HEADS.get(status) or _head_for(status)
         lines = [head, b"Date: ", _date(), b"\r\nContent-Length: ", b"%d\r\n" % len(body)]
         for name, value in (extra or {}).items():
