@@ -80,7 +80,11 @@ USUAL_HEADS = {
     b"Accept: */*\r\nContent-Length: 17\r\nContent-Type: application/x-www-form-urlencoded\r\n\r\n",
     "nginx upstream": b"POST /ingest HTTP/1.1\r\nHost: tiny\r\nX-Real-IP: 10.0.0.2\r\n"
     b"Proxy-Idempotency-Key: 4f9c2a7d1e0b\r\nContent-Length: 5\r\nContent-Type: application/x-ndjson\r\n\r\n",
-    "odd spacing and case": b"POST /ingest HTTP/1.1\r\ncontent-LENGTH:5  \r\nX-Empty:\r\nX-Tab:\ta\tb\t\r\n\r\n",
+    "odd spacing and case": b"POST /ingest HTTP/1.1\r\ncontent-LENGTH:5  \r\nhOST:\tx:80 \r\nX-Empty:\r\n"
+    b"X-Tab:\ta\tb\t\r\n\r\n",
+    "HTTP/1.0 without a Host": b"POST /ingest HTTP/1.0\r\nContent-Length: 5\r\n\r\n",
+    "an IPv6 Host": b"POST /ingest HTTP/1.1\r\nHost: [::1]:8000\r\nContent-Length: 5\r\n\r\n",
+    "an empty Host": b"POST /ingest HTTP/1.1\r\nHost:\r\nContent-Length: 5\r\n\r\n",
 }
 
 UNUSUAL_HEADS = {
@@ -109,14 +113,23 @@ UNUSUAL_HEADS = {
     "chunked and a length": b"POST /ingest HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
     "100-continue": b"POST /ingest HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
     "an upgrade": b"POST /ingest HTTP/1.1\r\nContent-Length: 5\r\nUpgrade: websocket\r\n\r\n",
+    "HTTP/1.1 without a Host": b"POST /ingest HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+    "a Host with a space": b"POST /ingest HTTP/1.1\r\nHost: a b\r\nContent-Length: 5\r\n\r\n",
+    "a Host with a slash": b"POST /ingest HTTP/1.1\r\nHost: a/b\r\nContent-Length: 5\r\n\r\n",
+    "a Host list": b"POST /ingest HTTP/1.1\r\nHost: a,b\r\nContent-Length: 5\r\n\r\n",
+    "an HTTP/1.0 Host with a space": b"POST /ingest HTTP/1.0\r\nHost: a b\r\nContent-Length: 5\r\n\r\n",
 }
 
 
 def _tornado_reads(head: bytes) -> tuple[httputil.RequestStartLine, dict[str, str]]:
-    """What Tornado 6.6.1's HTTP1Connection makes of a request head (its _parse_headers)."""
+    """What Tornado 6.6.1's HTTP1Connection makes of a request head (its _parse_headers), and
+    its application's way then takes (HTTPServerRequest: the Host rule); raises where it refuses."""
     text = head.decode("latin1").lstrip("\r\n")
     eol = text.find("\n")
-    return httputil.parse_request_start_line(text[:eol].rstrip("\r")), dict(httputil.HTTPHeaders.parse(text[eol:]))
+    start_line = httputil.parse_request_start_line(text[:eol].rstrip("\r"))
+    headers = httputil.HTTPHeaders.parse(text[eol:])
+    httputil.HTTPServerRequest(start_line=start_line, headers=headers)
+    return start_line, dict(headers)
 
 
 @pytest.mark.parametrize("head", USUAL_HEADS.values(), ids=USUAL_HEADS.keys())
@@ -159,14 +172,16 @@ _VALUE_CHARS = [b"5", b"a", b" ", b"\t", b"\xe9", b",", b"\x00", b"\x7f", b"\r",
         max_size=5,
     ),
     st.integers(0, 5),
+    st.sampled_from([b"Host: x\r\n", b"Host: x\r\n", b"", b"Host: a b\r\n", b"Host: [::1]:80\r\n", b"Host: a,b\r\n"]),
     st.sampled_from([b"\r\n", b"\r\n", b"\n"]),
 )
 def test_a_head_the_fast_way_reads_is_read_the_same_by_tornado(
-    request_line: bytes, lines: list[tuple[str, bytes, bytes, bytes]], length_at: int, end: bytes
+    request_line: bytes, lines: list[tuple[str, bytes, bytes, bytes]], length_at: int, host: bytes, end: bytes
 ) -> None:
     """No head is read the fast way that Tornado would refuse or read otherwise."""
     fields = [name.encode() + colon + value + eol for name, colon, value, eol in lines]
     fields.insert(length_at, b"Content-Length: 5\r\n")
+    fields.insert(0, host)
     head = request_line + b"\r\n" + b"".join(fields) + end
     found = httpserver.parse_fast_head(head)
     event("read the fast way" if found is not None else "left to Tornado")
@@ -175,6 +190,34 @@ def test_a_head_the_fast_way_reads_is_read_the_same_by_tornado(
     start_line, headers = _tornado_reads(head)  # raises if Tornado would answer 400
     assert start_line == httputil.RequestStartLine("POST", "/ingest", request_line[-8:].decode())
     assert dict(found) == headers
+
+
+_HOST_CHARS = "az09-._~!$&'()*+,;=:[]%/ @?#\t\xe9"
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.sampled_from(["HTTP/1.0", "HTTP/1.1"]),
+    st.lists(
+        st.sampled_from(["localhost", "tiny:8000", "10.0.0.2", "[::1]:80", "", "a%20b", "a b", "a/b", "a,b"])
+        | st.text(_HOST_CHARS, max_size=8).map(lambda value: value.strip(" \t")),  # as a head is parsed
+        min_size=1,
+        max_size=2,
+    )
+    | st.just([]),
+)
+def test_the_host_rule_of_every_way_is_tornados(version: str, hosts: list[str]) -> None:
+    """host_refusal refuses exactly the Host lines that Tornado's application way refuses."""
+    headers = httputil.HTTPHeaders()
+    for host in hosts:
+        headers.add("Host", host)
+    event("refused" if httpserver.host_refusal(version, headers.get("Host")) else "taken")
+    try:
+        httputil.HTTPServerRequest(start_line=httputil.RequestStartLine("POST", "/ingest", version), headers=headers)
+    except httputil.HTTPInputError:
+        assert httpserver.host_refusal(version, headers.get("Host")) is not None
+    else:
+        assert httpserver.host_refusal(version, headers.get("Host")) is None
 
 
 def _answers(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
@@ -355,6 +398,7 @@ _CLOSING = {  # a request whose answer closes the connection: (the request, its 
     "a 405": (b"PUT /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n{}\n", 405),
     "a 415": (_post(_ONE, extra=b"Content-Type: text/html\r\n"), 415),
     "a key sent twice": (_post(_ONE, extra=b"Idempotency-Key: a\r\nIdempotency-Key: b\r\n"), 400),
+    "no Host": (b"POST /ingest HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(_ONE), _ONE), 400),
     "a drain": (_CHUNKED, 200),  # answered whole, with Connection: close while the worker drains
 }
 _NEXT = {"fast": _post(_ONE), "chunked": _CHUNKED}  # the usual head, and one Tornado's parser reads

@@ -15,6 +15,10 @@ a fast one, needs:
 - **A lean way in** (``lean``): once a request's headers are in, a callable may take it with
   a delegate of its own (tiny.handlers.lean: the usual POST /ingest without a
   RequestHandler); every other request goes to the application as before.
+- **One Host rule for every way in** (:func:`host_refusal`, Tornado's own, which it applies
+  only when it builds an ``HTTPServerRequest``, so never on the lean way): HTTP/1.1 without a
+  Host, a Host that is not ``host[:port]``, or two of them (a comma) get a JSON 400 and a
+  close (:func:`error_body`), before the lean way or the application sees the request.
 - **An answer that closes, closes** (RFC 9112, section 9.6): whichever way answered, once an
   answer says ``Connection: close`` (a refusal before the body was read, a drain) the
   connection is closed after it, and nothing sent after that request is read or processed.
@@ -52,6 +56,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import orjson
 import tornado
 from tornado import httputil, iostream
 
@@ -66,7 +71,7 @@ if tornado.version not in CHECKED_TORNADO:
     raise ImportError(
         f"tiny.httpserver copies Tornado {', '.join(CHECKED_TORNADO)}'s HTTP1Connection._read_chunked_body and "
         "HTTP1ServerConnection._server_request_loop, writes an answer as HTTP1Connection.write_headers and finish "
-        "do, and uses its private _CHUNK_YIELD_COST, _YIELD_THRESHOLD, _is_done, _HTTPRequestContext, "
+        "do, and uses its private _CHUNK_YIELD_COST, _YIELD_THRESHOLD, _is_done, _HTTPRequestContext, _ABNF.host, "
         "HTTP1Connection's response state, and IOStream's _read_buffer, _read_buffer_size and _user_read_buffer; "
         f"Tornado {tornado.version} is installed: compare them with its source, "
         "then add it to CHECKED_TORNADO (or install tornado==6.6.1, the pinned version)"
@@ -81,10 +86,13 @@ from tornado.http1connection import (  # noqa: E402
     _is_done,
 )
 from tornado.httpserver import HTTPServer, _HTTPRequestContext  # noqa: E402
+from tornado.httputil import _ABNF  # noqa: E402
 from tornado.ioloop import IOLoop, PeriodicCallback  # noqa: E402
 from tornado.log import gen_log  # noqa: E402
 
 from tiny.limits import MAX_CHUNK_LINE, MAX_LENGTH_DIGITS, MAX_TRAILERS  # noqa: E402
+
+_SERVER = f"TornadoServer/{tornado.version}"  # what a RequestHandler says
 
 log = logging.getLogger("tiny.httpserver")
 
@@ -268,7 +276,8 @@ Lean = Callable[[httputil.RequestStartLine, Any, Any], Any]
 class _Route(httputil.HTTPMessageDelegate):
     """Hands a request, once its headers are in, to the lean way in when it takes it (which
     sets its own body timeout), else to the application (its delegate made only then), with
-    the server's body timeout."""
+    the server's body timeout; or refuses it first, for a Host that Tornado refuses
+    (:func:`host_refusal`)."""
 
     __slots__ = ("_server", "_server_conn", "_connection", "_chosen")
 
@@ -283,6 +292,10 @@ class _Route(httputil.HTTPMessageDelegate):
     ) -> Any:
         assert isinstance(start_line, httputil.RequestStartLine)
         self._server.waiting.pop(self._server_conn, None)  # type: ignore[call-overload]
+        refusal = host_refusal(start_line.version, headers.get("Host"))
+        if refusal is not None:
+            self._chosen = httputil.HTTPMessageDelegate()  # its methods do nothing: the body is dropped
+            return self._refuse(start_line, 400, refusal)
         if self._server.lean is not None:
             lean = self._server.lean(start_line, headers, self._connection)
             if lean is not None:
@@ -292,6 +305,22 @@ class _Route(httputil.HTTPMessageDelegate):
             self._connection.set_body_timeout(self._server.request_body_timeout)  # type: ignore[attr-defined]
         self._chosen = HTTPServer.start_request(self._server, self._server_conn, self._connection)
         return self._chosen.headers_received(start_line, headers)
+
+    def _refuse(self, start_line: httputil.RequestStartLine, status: int, message: str) -> Future[None]:
+        """Answer ``status`` with a JSON error body and close the connection (never read further).
+        The future is done once the answer is written and the connection closed: Tornado, which
+        awaits it, then reads nothing more and writes nothing else (a framing error of the
+        body it would find next would be a second answer)."""
+        log.warning("%d %s %s: %s", status, start_line.method, start_line.path, message)
+        connection = self._connection
+        assert isinstance(connection, _Connection)
+        body = error_body(status, message)
+        head = (
+            f"HTTP/1.1 {status} {httputil.responses.get(status, 'Unknown')}\r\nServer: {_SERVER}\r\n"
+            f"Content-Type: application/json\r\nDate: {httputil.format_timestamp(time.time())}\r\n"
+            f"Content-Length: {len(body)}\r\n"
+        ).encode()
+        return connection.write_answer(head, b"" if start_line.method == "HEAD" else body, close=True)
 
     def data_received(self, chunk: bytes) -> Any:
         assert self._chosen is not None
@@ -321,14 +350,15 @@ class _Connection(HTTP1Connection):
             self._disconnect_on_finish = True
         return super().write_headers(start_line, headers, chunk)
 
-    def write_answer(self, head: bytes, body: bytes, close: bool = False) -> None:
+    def write_answer(self, head: bytes, body: bytes, close: bool = False) -> Future[None]:
         """Write a server response whose status line and headers are ``head`` (each line ending
         in CRLF, Content-Length among them) and whose body is ``body``, then finish it: what
         ``write_headers(start, headers, body)`` and ``finish()`` do for such a response in
         Tornado 6.6.1, without building an HTTPHeaders and formatting it line by line.
         ``close`` adds ``Connection: close`` and closes the connection after the answer; as
         write_headers does, so does a request that asked for it, and an HTTP/1.0 request that
-        asked for keep-alive gets it."""
+        asked for keep-alive gets it. Returns a future done once the answer is written (and the
+        connection closed, when it closes)."""
         request = self._request_start_line
         assert request is not None and self._request_headers is not None
         asked = request.version == "HTTP/1.0" and self._request_headers.get("Connection", "").lower() == "keep-alive"
@@ -345,6 +375,7 @@ class _Connection(HTTP1Connection):
             self._pending_write = self.stream.write(head + b"\r\n" + body)
             future_add_done_callback(self._pending_write, self._on_write_complete)
         self.finish()
+        return future
 
     async def _read_chunked_body(self, delegate: httputil.HTTPMessageDelegate) -> None:
         # Tornado 6.6's _read_chunked_body, with two changes marked "RFC 9112": the size line
@@ -591,6 +622,27 @@ def _says_close(connection: str | None) -> bool:
     return connection is not None and "close" in (option.strip().lower() for option in connection.split(","))
 
 
+def error_body(status: int, message: str) -> bytes:
+    """The body of every error answer, whichever way answers it: ``{"error": {"status": S,
+    "message": "..."}}``, the message meant for the client."""
+    return orjson.dumps({"error": {"status": status, "message": message}})
+
+
+def host_refusal(version: str, host: str | None) -> str | None:
+    """Why a request of HTTP ``version`` whose Host header is ``host`` (its lines joined with
+    commas, as HTTPHeaders joins them; None without one) is refused with a 400, or None when it
+    is not: Tornado 6.6.1's rule (``HTTPServerRequest.__init__``, which the application's way
+    applies and the lean way never reached). A Host is required but in HTTP/1.0; it is
+    ``host[:port]`` of RFC 3986's characters (Tornado's own pattern); a comma means two."""
+    if host is None:
+        return None if version == "HTTP/1.0" else "the Host header is missing; a request needs one, but in HTTP/1.0"
+    if not _ABNF.host.fullmatch(host):
+        return f"the Host header {host[:64]!r} is not a host name with an optional port"
+    if "," in host:
+        return f"the Host header {host[:64]!r} was sent more than once or holds a list; send one host"
+    return None
+
+
 def _connection_line(version: str, close: bool, disconnect: bool, asked_keep_alive: bool) -> bytes:
     """The ``Connection`` line of an answer, as ``HTTP1Connection.write_headers`` writes it:
     ``close`` when the answer closes the connection (``close``) or an HTTP/1.1 request's
@@ -616,6 +668,7 @@ _CONTROLS = bytes([*range(0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])  # but H
 _NOT_FAST = frozenset({"Transfer-Encoding", "Expect", "Upgrade"})  # bodies and answers of other kinds
 _NAMES: dict[bytes, str] = {}  # header names as sent -> Http-Header-Case (Tornado's _normalize_header)
 _MAX_NAMES = 512
+_HOSTS: set[str] = set()  # Host values that passed host_refusal (at most _MAX_NAMES)
 
 
 class Fields(dict[str, str]):
@@ -632,10 +685,11 @@ class Fields(dict[str, str]):
 
 def parse_fast_head(head: bytes) -> Fields | None:
     """The header fields of ``head`` (a request head up to its empty line) if it is the fast
-    way's: ``POST /ingest HTTP/1.1`` (or 1.0), CRLF line ends, no control characters but HTAB, each
-    field ``token ":" OWS value OWS`` and sent once, a Content-Length of at most
-    ``MAX_LENGTH_DIGITS`` digits, no Transfer-Encoding, Expect or Upgrade. None for any other
-    head (Tornado's parser reads it, and answers it as it always did). Linear in the head's size."""
+    way's: ``POST /ingest HTTP/1.1`` (or 1.0), CRLF line ends, no control characters but HTAB,
+    each field ``token ":" OWS value OWS`` and sent once, a Content-Length of at most
+    ``MAX_LENGTH_DIGITS`` digits, a Host that Tornado takes (:func:`host_refusal`), no
+    Transfer-Encoding, Expect or Upgrade. None for any other head (Tornado's parser reads it,
+    and it is answered as it always was). Linear in the head's size."""
     if (
         not head.startswith(_FAST_REQUEST_LINE)
         or head[_VERSION_AT : _VERSION_AT + 3] not in (b"1\r\n", b"0\r\n")
@@ -664,6 +718,12 @@ def parse_fast_head(head: bytes) -> Fields | None:
     length = fields.get("Content-Length")
     if length is None or len(length) > MAX_LENGTH_DIGITS or not (length.isascii() and length.isdigit()):
         return None
+    host = fields.get("Host")
+    if host not in _HOSTS:  # (a set lookup: the pattern costs a microsecond)
+        if host_refusal(_START_LINES[head[_VERSION_AT] == 0x31].version, host) is not None:
+            return None  # Tornado reads it, and it is refused as every way refuses it
+        if host is not None and len(host) <= 255 and len(_HOSTS) < _MAX_NAMES:
+            _HOSTS.add(host)
     return fields
 
 

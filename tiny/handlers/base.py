@@ -1,8 +1,9 @@
 """What every handler shares: its typed dependencies, the JSON error shape, limits and auth.
 
-Every non-200 answer is ``{"error": {"status": S, "message": "..."}}``; the message is
-meant for the client and never carries internals. Whether an answer closes its connection is
-decided in one function, for every way into the server: :func:`closes_connection`.
+Every non-200 answer is ``{"error": {"status": S, "message": "..."}}`` (tiny.httpserver's
+``error_body``, whichever way answers); the message is meant for the client and never carries
+internals. Whether an answer closes its connection is decided in one function, for every way
+into the server: :func:`closes_connection`.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from tornado import web
 
 from tiny.config import Config
 from tiny.drain import Drain
+from tiny.httpserver import error_body
 from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
 from tiny.metrics import Metrics
 from tiny.pacing import Paced, ReadPacer
@@ -149,7 +150,7 @@ class JSONHandler(web.RequestHandler):
             message = self._reason
         if status_code == 405:
             self.set_header("Allow", ", ".join(self.allowed))
-        self.finish(orjson.dumps({"error": {"status": status_code, "message": message}}))
+        self.finish(error_body(status_code, message))
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, web.HTTPError):  # a client's mistake: a warning, no traceback

@@ -5,7 +5,8 @@ Tornado's HTTPServer hands each request to an ``HTTPMessageDelegate``; the Appli
 of a small request's CPU. :func:`route` looks at the request line and headers first and takes
 the usual request itself: ``POST /ingest`` (no query string) whose headers are within the
 header limits and pass the request rules (tiny.handlers.rules: method, token, key, encoding,
-type, declared length). Everything else goes the general way (tiny.routes), which answers it
+type, declared length). A Host that Tornado refuses never gets here (tiny.httpserver refuses
+it first, on every way). Everything else goes the general way (tiny.routes), which answers it
 exactly as it always did: every refusal of the headers (400, 401, 405, 413, 415, 431), every
 other path and method. So the lean path never answers an error of the headers; the errors it
 answers are those of the body and the write, with the same rules and the same JSON shape as
@@ -32,7 +33,6 @@ import logging
 import time
 from typing import Any
 
-import orjson
 import tornado
 from tornado import httputil
 from tornado.http1connection import HTTP1Connection
@@ -42,7 +42,7 @@ from tornado.log import access_log
 from tiny.handlers.base import APIError, Deps, closes_connection
 from tiny.handlers.ingest import process
 from tiny.handlers.rules import Head
-from tiny.httpserver import Fields
+from tiny.httpserver import Fields, error_body
 from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
 
 log = logging.getLogger("tiny.handlers")
@@ -132,8 +132,7 @@ class LeanIngest(httputil.HTTPMessageDelegate):
 
     def _refuse(self, exc: APIError) -> None:
         log.warning("%d POST /ingest: %s", exc.status_code, exc.message)
-        body = orjson.dumps({"error": {"status": exc.status_code, "message": exc.message}})
-        self._answer(exc.status_code, body, exc.headers)
+        self._answer(exc.status_code, error_body(exc.status_code, exc.message), exc.headers)
 
     def _answer(self, status: int, body: bytes, extra: dict[str, str] | None) -> None:
         if self.answered or self.connection.stream.closed():
