@@ -577,3 +577,28 @@ def test_an_http10_request_without_a_host_is_taken_on_every_way(
 def test_a_host_that_tornado_refuses_gets_a_json_400_on_every_path(server: InProcessServer) -> None:
     answer = _until_closed(server.port, b"GET /healthz HTTP/1.1\r\nHost: a b\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 400 ") and b'"status":400' in answer and b"Connection: close" in answer
+
+
+_PADS = {  # field lines in all (Host, Connection and the framing field among them): the answer
+    "100 lines": (100, 200),
+    "101 lines": (101, 431),
+    "150 lines": (150, 431),
+}
+
+
+@pytest.mark.hardening("third 3: the 431 limit counted names on the lean way and lines on the general way")
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("pad", _PADS.keys())
+def test_the_header_limit_counts_field_lines_on_every_way(
+    server: InProcessServer, general: InProcessServer, way: str, pad: str
+) -> None:
+    lines, status = _PADS[pad]
+    target = general if way == "general" else server
+    before = _rows(target)
+    fields = b"Host: x\r\nConnection: close\r\n" + b"X-Pad: 1\r\n" * (lines - 3)  # one name, sent again and again
+    answer = _until_closed(target.port, _request(way, fields, line(ip_id=23)))
+    assert answer.startswith(b"HTTP/1.1 %d " % status), answer
+    if status == 431:
+        assert b'{"error":{"status":431,' in answer and _rows(target) == before
+    else:
+        assert _rows(target) == max(before, 1) + 1

@@ -398,6 +398,7 @@ _CLOSING = {  # a request whose answer closes the connection: (the request, its 
     "a 405": (b"PUT /ingest HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n{}\n", 405),
     "a 415": (_post(_ONE, extra=b"Content-Type: text/html\r\n"), 415),
     "a key sent twice": (_post(_ONE, extra=b"Idempotency-Key: a\r\nIdempotency-Key: b\r\n"), 400),
+    "a 431": (_post(_ONE, extra=b"X-Pad: 1\r\n" * 150), 431),
     "no Host": (b"POST /ingest HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(_ONE), _ONE), 400),
     "a drain": (_CHUNKED, 200),  # answered whole, with Connection: close while the worker drains
 }

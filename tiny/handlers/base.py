@@ -2,8 +2,9 @@
 
 Every non-200 answer is ``{"error": {"status": S, "message": "..."}}`` (tiny.httpserver's
 ``error_body``, whichever way answers); the message is meant for the client and never carries
-internals. Whether an answer closes its connection is decided in one function, for every way
-into the server: :func:`closes_connection`.
+internals. Two rules hold for every way into the server, each in one function here: whether
+an answer closes its connection (:func:`closes_connection`), and the header limits
+(:func:`header_refusal`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tornado import web
+from tornado.httputil import HTTPHeaders
 
 from tiny.config import Config
 from tiny.drain import Drain
-from tiny.httpserver import error_body
+from tiny.httpserver import Fields, error_body
 from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
 from tiny.metrics import Metrics
 from tiny.pacing import Paced, ReadPacer
@@ -77,6 +79,23 @@ def closes_connection(drain: Drain, body_read: bool) -> bool:
     return drain.closes_connection() or not body_read
 
 
+def header_refusal(headers: HTTPHeaders | Fields) -> APIError | None:
+    """The 431 for request headers past the limits (tiny.limits): more than MAX_HEADERS field
+    lines (each line counts: a name sent 150 times is 150 fields, RFC 9110 section 5.3), or
+    more than MAX_HEADER_BYTES of them; None within them. ``headers`` is an ``HTTPHeaders``
+    or the fast way's ``Fields`` (whose ``get_all`` yields each line). Past HEADER_READ_LIMIT
+    bytes Tornado itself closes the connection unanswered."""
+    count = size = 0
+    for name, value in headers.get_all():
+        count += 1
+        size += len(name) + len(value) + 4
+    if count > MAX_HEADERS:
+        return APIError(431, f"more than {MAX_HEADERS} request header fields")
+    if size > MAX_HEADER_BYTES:
+        return APIError(431, f"request headers larger than {MAX_HEADER_BYTES} bytes")
+    return None
+
+
 class APIError(web.HTTPError):
     """An error whose ``message`` is shown to the client, with optional extra headers."""
 
@@ -104,13 +123,10 @@ class JSONHandler(web.RequestHandler):
         return None
 
     def check_headers(self) -> None:
-        """431 for more than MAX_HEADERS headers or MAX_HEADER_BYTES of them (tiny.limits;
-        past HEADER_READ_LIMIT Tornado itself closes the connection unanswered)."""
-        headers = list(self.request.headers.get_all())
-        if len(headers) > MAX_HEADERS:
-            raise APIError(431, f"more than {MAX_HEADERS} request headers")
-        if sum(len(name) + len(value) + 4 for name, value in headers) > MAX_HEADER_BYTES:
-            raise APIError(431, f"request headers larger than {MAX_HEADER_BYTES} bytes")
+        """431 for headers past the limits (:func:`header_refusal`)."""
+        refused = header_refusal(self.request.headers)
+        if refused is not None:
+            raise refused
 
     def check_token(self) -> None:
         """401 unless the request carries ``Authorization: Bearer <token>`` (when one is set)."""

@@ -4,14 +4,15 @@ Tornado's HTTPServer hands each request to an ``HTTPMessageDelegate``; the Appli
 (routing, a RequestHandler per request, its prepare, headers and finish) cost about a third
 of a small request's CPU. :func:`route` looks at the request line and headers first and takes
 the usual request itself: ``POST /ingest`` (no query string) whose headers are within the
-header limits and pass the request rules (tiny.handlers.rules: method, token, key, encoding,
-type, declared length). A Host that Tornado refuses never gets here (tiny.httpserver refuses
-it first, on every way). Everything else goes the general way (tiny.routes), which answers it
-exactly as it always did: every refusal of the headers (400, 401, 405, 413, 415, 431), every
-other path and method. So the lean path never answers an error of the headers; the errors it
-answers are those of the body and the write, with the same rules and the same JSON shape as
-the handler, because both call tiny.handlers.ingest.process: 413 while the body streams in,
-400/413 of a gzip body, 422, 503 with Retry-After.
+header limits (tiny.handlers.base.header_refusal, the general way's own) and pass the request
+rules (tiny.handlers.rules: method, token, key, encoding, type, declared length). A Host that
+Tornado refuses never gets here (tiny.httpserver refuses it first, on every way). Everything
+else goes the general way (tiny.routes), which answers it exactly as it always did: every
+refusal of the headers (400, 401, 405, 413, 415, 431), every other path and method. So the
+lean path never answers an error of the headers; the errors it answers are those of the body
+and the write, with the same rules and the same JSON shape as the handler, because both call
+tiny.handlers.ingest.process: 413 while the body streams in, 400/413 of a gzip body, 422, 503
+with Retry-After.
 
 It keeps every behaviour of the handler: the drain's in-flight count and ``Connection:
 close`` (tiny.handlers.base.closes_connection, the handler's own rule), the metrics
@@ -39,11 +40,10 @@ from tornado.http1connection import HTTP1Connection
 from tornado.httputil import HTTPHeaders
 from tornado.log import access_log
 
-from tiny.handlers.base import APIError, Deps, closes_connection
+from tiny.handlers.base import APIError, Deps, closes_connection, header_refusal
 from tiny.handlers.ingest import process
 from tiny.handlers.rules import Head
 from tiny.httpserver import Fields, error_body
-from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
 
 log = logging.getLogger("tiny.handlers")
 _SERVER = f"TornadoServer/{tornado.version}"  # what a RequestHandler says
@@ -56,8 +56,8 @@ def route(
     ``headers`` and ``connection`` are Tornado's, or on the fast way tiny.httpserver's."""
     if start_line.method != "POST" or start_line.path != "/ingest":
         return None
-    if len(headers) > MAX_HEADERS or sum(len(k) + len(v) + 4 for k, v in headers.get_all()) > MAX_HEADER_BYTES:
-        return None
+    if header_refusal(headers) is not None:
+        return None  # the handler answers it: the same function, the same 431
     try:
         head = deps.rules.head("POST", headers)
     except APIError:
