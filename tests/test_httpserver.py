@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 import http.client
 import inspect
+import os
 import re
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -22,7 +24,7 @@ from tornado.iostream import BaseIOStream
 
 from tests.support import record, wait_for
 from tiny import httpserver
-from tiny.testing import InProcessServer
+from tiny.testing import InProcessServer, memory
 
 # sha256 of the upstream methods' source in Tornado 6.6.1, the version the copies were made from.
 UPSTREAM = {
@@ -361,8 +363,8 @@ def test_a_body_that_stops_coming_is_cut_at_the_body_timeout_and_nothing_is_kept
 
 
 def test_the_buffers_of_bodies_read_whole_stay_within_their_budget(tmp_path: Path) -> None:
-    """A client that declares a big body and sends little cannot make a worker hold more than
-    the budget in buffers made ahead of their bytes; the bodies past it come in pieces."""
+    """A client that declares a big body and sends little cannot make a worker reserve more
+    than the budget of address space ahead of the bytes; the bodies past it come in pieces."""
     body = b"".join(orjson.dumps(record()) + b"\n" for _ in range(5800))  # about 1 MB: read whole
     request = _post(body)
     start = request.index(b"\r\n\r\n") + 4 + 1000
@@ -373,14 +375,13 @@ def test_the_buffers_of_bodies_read_whole_stay_within_their_budget(tmp_path: Pat
                 sock.settimeout(20)
                 sock.sendall(request[:start])
             assert wait_for(lambda: server.deps.drain.in_flight == 40)
-            held = server._server.whole_bytes
-            assert 0 < held <= httpserver._WHOLE_BUDGET < 40 * len(body)
+            assert server._server.whole.in_use == httpserver._WHOLE_BUFFERS < 40
             for sock in socks:
                 sock.sendall(request[start:])
             for sock in socks:
                 ((head, _),) = _answers(sock, 1)
                 assert head.startswith(b"HTTP/1.1 200 ")
-            assert server._server.whole_bytes == 0
+            assert server._server.whole.in_use == 0
         finally:
             for sock in socks:
                 sock.close()
@@ -439,3 +440,42 @@ def test_a_request_pipelined_behind_an_answer_that_closes_is_neither_written_nor
             assert head.startswith(b"HTTP/1.1 200 ")
         assert wait_for(lambda: server.deps.drain.in_flight == 0)
     assert _rows(data) == (1 if status == 200 else 0) + 1
+
+
+@pytest.mark.hardening("third 4: bodies declared and not sent held 32 MiB of a worker's memory")
+def test_a_body_read_into_one_buffer_takes_memory_only_as_its_bytes_arrive(
+    tmp_path: Path, figures: dict[str, Any]
+) -> None:
+    """40 connections declare 1 MB bodies and send 1 KB of each: the buffers they are read into
+    are reserved (address space), but hold only what arrived, not 32 MB, while they wait."""
+    body = b"".join(orjson.dumps(record()) + b"\n" for _ in range(5800))  # about 1 MB: read whole
+    request = _post(body)
+    start = request.index(b"\r\n\r\n") + 4 + 1000
+    with InProcessServer(tmp_path / "data") as server:
+        before = memory(os.getpid())  # the server runs in this process
+        socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(40)]
+        try:
+            for sock in socks:
+                sock.settimeout(20)
+                sock.sendall(request[:start])
+            assert wait_for(lambda: server.deps.drain.in_flight == 40)
+            time.sleep(0.3)  # every head read, every buffer taken, the first 1,000 bytes in each
+            grown = memory(os.getpid()) - before
+            assert grown < 8 * 2**20, f"{grown / 2**20:.1f} MiB for {40 * start} bytes sent"
+            reserved = server._server.whole.reserved  # and they were read the one-buffer way:
+            assert reserved == httpserver._WHOLE_BUFFERS * httpserver.BODY_PIECE
+            for sock in socks:
+                sock.sendall(request[start:])
+            for sock in socks:
+                ((head, _),) = _answers(sock, 1)
+                assert head.startswith(b"HTTP/1.1 200 ")
+        finally:
+            for sock in socks:
+                sock.close()
+    figures.update(
+        case="40 connections declare 1 MB bodies, send 1 KB each, and wait",
+        bytes_sent=40 * start,
+        buffers_reserved_mib=round(reserved / 2**20, 1),
+        memory_grown_mib=round(grown / 2**20, 1),
+    )
+    assert len((tmp_path / "data" / "2014-05-04.csv").read_bytes().splitlines()) == 1 + 40 * 5800

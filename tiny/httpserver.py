@@ -33,8 +33,10 @@ a fast one, needs:
   lean delegate. Any other head is put back into the stream's buffer, unread, and Tornado
   reads it as before: only requests that Tornado would parse the same way take the fast
   way, so every answer is the one it always was. A body of 64 KiB to 1 MiB still to come is
-  read into one buffer of its size (``IOStream.read_into``), within a budget of 32 MiB of such
-  buffers per worker, since they are made before their bytes arrive.
+  read into one buffer
+  (``IOStream.read_into``): an anonymous mapping, whose pages take memory only as the bytes
+  land in them, so a client that declares 1 MiB and sends 1 KB holds about 1 KB
+  (:class:`_WholeBuffers`: at most 32 in use per worker, the last 4 kept for the next bodies).
 - **Timeouts without a timer per request**: Tornado wraps every header read, and every body
   read, in a timer (``gen.with_timeout``: a few percent of a small request). Here the header
   timeout (``idle_connection_timeout``: idle connections and slow headers alike) is one sweep
@@ -50,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import mmap
 import re
 import socket
 import time
@@ -101,7 +104,8 @@ _ACCEPT_PAUSE = 0.1  # seconds accept pauses after it ran out of descriptors or 
 _SWEEP_SECONDS = 0.5  # how often connections past the header timeout are closed
 BODY_PIECE = 1024 * 1024  # bytes of a body handed to a request at most at once
 _WHOLE_BODY = 64 * 1024  # a fast-way body from this size on, not yet buffered, is read into one buffer
-_WHOLE_BUDGET = 32 * 1024 * 1024  # bytes of such buffers a worker holds at most at once
+_WHOLE_BUFFERS = 32  # such buffers (of BODY_PIECE bytes of address space each) in use at most per worker
+_WHOLE_KEPT = 4  # such buffers kept for the next bodies (their pages touched so far stay in memory)
 _LOG_EVERY = 1.0  # seconds between two log lines of the same kind
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -152,7 +156,7 @@ class TinyHTTPServer(HTTPServer):
         # time): a 276 KB body that arrived whole is one piece, not five to copy together.
         self.conn_params.chunk_size = BODY_PIECE
         self.waiting: dict[_ServerConnection, float] = {}  # in the order they began to wait
-        self.whole_bytes = 0  # bytes of the buffers bodies are being read into whole (_serve_fast)
+        self.whole = _WholeBuffers()  # the buffers bodies are read into whole (_serve_fast)
         # The fast way's body timeout, the same way: the connections whose body is still to
         # come, in the order they began to read it.
         self.reading: dict[_ServerConnection, float] = {}
@@ -530,21 +534,8 @@ class _ServerConnection(HTTP1ServerConnection):
             self.timed_out = False
             server.reading[self] = IOLoop.current().time()
         try:
-            if to_come and _WHOLE_BODY <= left <= BODY_PIECE and server.whole_bytes + left <= _WHOLE_BUDGET:
-                # A big body still to come is read into one buffer of its size: the socket reads
-                # land there (recv_into), where pieces would each be a zeroed 64 KiB buffer,
-                # copied into the stream's buffer, copied out, then joined. Such buffers are
-                # made before their bytes come, so they share a budget per worker: past it,
-                # bodies come in pieces again, as many as arrive.
-                server.whole_bytes += left
-                try:
-                    whole = bytearray(left)
-                    await stream.read_into(whole)
-                    request.data_received(bytes(whole))
-                    del whole
-                finally:
-                    server.whole_bytes -= left
-                left = 0
+            if to_come and _WHOLE_BODY <= left <= BODY_PIECE:
+                left = await self._read_whole(request, left)
             while left > 0:  # in pieces of at most BODY_PIECE, as Tornado's _read_fixed_body
                 chunk = await stream.read_bytes(min(left, BODY_PIECE), partial=True)
                 left -= len(chunk)
@@ -568,6 +559,71 @@ class _ServerConnection(HTTP1ServerConnection):
             stream.close()
             return False
         return True
+
+    async def _read_whole(self, request: FastDelegate, size: int) -> int:
+        """Read a body of ``size`` bytes still to come into one buffer (:class:`_WholeBuffers`)
+        and hand it to ``request``; returns what is left to read: 0, or ``size`` when no buffer
+        could be had (the pieces read it then). The socket reads land in the buffer
+        (recv_into), where pieces would each be a zeroed 64 KiB buffer, copied into the
+        stream's buffer, copied out, then joined."""
+        buffers = self.server.whole
+        whole = buffers.take()
+        if whole is None:
+            return size
+        mapped = memoryview(whole)
+        view = mapped[:size]
+        try:
+            await self.stream.read_into(view)  # type: ignore[arg-type]  # any writable buffer
+        except BaseException:
+            buffers.give(whole, reusable=False)  # the stream may still hold it: unmapped once it lets go
+            raise
+        body = bytes(view)
+        view.release()
+        mapped.release()
+        buffers.give(whole, reusable=True)
+        request.data_received(body)
+        return 0
+
+
+class _WholeBuffers:
+    """The buffers bodies are read into whole, per worker: anonymous private mappings of
+    BODY_PIECE bytes. A mapping's pages take memory only when bytes land in them, where a
+    bytearray of the body's size is zeroed, so all of it touched, when it is made: a client
+    that declares 1 MiB and sends 1 KB holds 1 KB (and 1 MiB of address space), not 1 MiB.
+    A fresh mapping costs a page fault per 4 KiB that arrives, so the last ``_WHOLE_KEPT``
+    given back are kept for the next bodies, their pages already in memory: at most that many
+    MiB stay in memory between bodies. At most ``_WHOLE_BUFFERS`` are in use at once: past
+    them, bodies come in pieces, as many as arrive."""
+
+    def __init__(self) -> None:
+        self.kept: list[mmap.mmap] = []
+        self.in_use = 0
+
+    @property
+    def reserved(self) -> int:
+        """Bytes of address space of the buffers in use."""
+        return self.in_use * BODY_PIECE
+
+    def take(self) -> mmap.mmap | None:
+        """A buffer of BODY_PIECE bytes, or None past the budget or out of mappings."""
+        if self.in_use >= _WHOLE_BUFFERS:
+            return None
+        if self.kept:
+            whole = self.kept.pop()
+        else:
+            try:
+                whole = mmap.mmap(-1, BODY_PIECE, flags=mmap.MAP_PRIVATE)
+            except OSError:  # out of address space or of mappings: the pieces need neither
+                return None
+        self.in_use += 1
+        return whole
+
+    def give(self, whole: mmap.mmap, reusable: bool) -> None:
+        """Give back a buffer taken: kept for the next body while fewer than ``_WHOLE_KEPT`` are,
+        and ``reusable`` (no stream holds it), else unmapped once nothing refers to it."""
+        self.in_use -= 1
+        if reusable and len(self.kept) < _WHOLE_KEPT:
+            self.kept.append(whole)
 
 
 class FastDelegate(Protocol):
