@@ -36,6 +36,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer
 
 
 @pytest.fixture(scope="module")
+def general(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
+    """A server without the lean way: every request is the handlers' (tiny.routes)."""
+    with InProcessServer(tmp_path_factory.mktemp("general") / "data", "--lean", "false") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
 def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
     with InProcessServer(tmp_path_factory.mktemp("auth") / "data", env={"TINY_TOKEN": TOKEN}) as running:
         yield running
@@ -487,3 +494,111 @@ def test_a_post_that_reaches_a_worker_after_its_sink_closed_gets_a_json_503(tmp_
         assert error(response) == (503, "the server is stopping; nothing of this request was kept")
         assert response.headers["retry-after"]
     assert not list((tmp_path / "data").glob("*.csv"))
+
+
+# Every way into /ingest answers the same head the same: the usual head (read by the fast way),
+# one that Tornado's parser reads (chunked: the lean way over its HTTP1Connection), and a server
+# without the lean way (the handler).
+WAYS = ("fast", "chunked", "general")
+
+
+def _request(way: str, fields: bytes, body: bytes, version: bytes = b"1.1") -> bytes:
+    if way == "chunked":
+        return b"POST /ingest HTTP/%s\r\n%sTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+            version,
+            fields,
+            len(body),
+            body,
+        )
+    return b"POST /ingest HTTP/%s\r\n%sContent-Length: %d\r\n\r\n%s" % (version, fields, len(body), body)
+
+
+def _until_closed(port: int, data: bytes) -> bytes:
+    """What the server answers to ``data`` up to its close (which must come within 10 s)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+
+
+def _rows(server: InProcessServer) -> int:
+    day = server.config.data_dir / "2014-05-04.csv"
+    return len(rows_of(day)) if day.exists() else 0
+
+
+_BAD_HOSTS = {
+    "no Host in HTTP/1.1": b"",
+    "a space": b"Host: a b\r\n",
+    "a slash": b"Host: a/b\r\n",
+    "two Host lines": b"Host: a\r\nHost: b\r\n",
+}
+
+
+@pytest.mark.hardening("third 2: the lean way took a request with no Host, a malformed one or two")
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("host", _BAD_HOSTS.keys())
+def test_a_host_that_tornado_refuses_gets_a_json_400_and_a_close_on_every_way(
+    server: InProcessServer, general: InProcessServer, way: str, host: str
+) -> None:
+    target = general if way == "general" else server
+    before = _rows(target)
+    answer = _until_closed(target.port, _request(way, _BAD_HOSTS[host], line(ip_id=21)))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and answer.count(b"HTTP/1.1 ") == 1, answer
+    assert b"\r\nConnection: close" in head and b"\r\nContent-Type: application/json" in head
+    assert orjson.loads(body)["error"]["status"] == 400 and "Host" in orjson.loads(body)["error"]["message"]
+    assert _rows(target) == before
+
+
+@pytest.mark.parametrize(
+    "framing", [b"Content-Length: 100000", b"Content-Length: 5, 6", b"Transfer-Encoding: gzip"], ids=str
+)
+def test_a_refused_host_gets_one_answer_whatever_framing_follows(server: InProcessServer, framing: bytes) -> None:
+    """The refusal is written and the connection closed before Tornado reads the body, whose
+    framing it would refuse with a second answer, a bare 400."""
+    answer = _until_closed(server.port, b"POST /ingest HTTP/1.1\r\n%s\r\n\r\n12345" % framing)
+    assert answer.startswith(b"HTTP/1.1 400 ") and answer.count(b"HTTP/1.1 ") == 1, answer
+    assert b"the Host header is missing" in answer
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_an_http10_request_without_a_host_is_taken_on_every_way(
+    server: InProcessServer, general: InProcessServer, way: str
+) -> None:
+    target = general if way == "general" else server
+    before = _rows(target)
+    answer = _until_closed(target.port, _request(way, b"", line(ip_id=22), b"1.0"))
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
+    assert _rows(target) == max(before, 1) + 1
+
+
+def test_a_host_that_tornado_refuses_gets_a_json_400_on_every_path(server: InProcessServer) -> None:
+    answer = _until_closed(server.port, b"GET /healthz HTTP/1.1\r\nHost: a b\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400 ") and b'"status":400' in answer and b"Connection: close" in answer
+
+
+_PADS = {  # field lines in all (Host, Connection and the framing field among them): the answer
+    "100 lines": (100, 200),
+    "101 lines": (101, 431),
+    "150 lines": (150, 431),
+}
+
+
+@pytest.mark.hardening("third 3: the 431 limit counted names on the lean way and lines on the general way")
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("pad", _PADS.keys())
+def test_the_header_limit_counts_field_lines_on_every_way(
+    server: InProcessServer, general: InProcessServer, way: str, pad: str
+) -> None:
+    lines, status = _PADS[pad]
+    target = general if way == "general" else server
+    before = _rows(target)
+    fields = b"Host: x\r\nConnection: close\r\n" + b"X-Pad: 1\r\n" * (lines - 3)  # one name, sent again and again
+    answer = _until_closed(target.port, _request(way, fields, line(ip_id=23)))
+    assert answer.startswith(b"HTTP/1.1 %d " % status), answer
+    if status == 431:
+        assert b'{"error":{"status":431,' in answer and _rows(target) == before
+    else:
+        assert _rows(target) == max(before, 1) + 1

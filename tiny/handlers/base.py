@@ -1,8 +1,10 @@
 """What every handler shares: its typed dependencies, the JSON error shape, limits and auth.
 
-Every non-200 answer is ``{"error": {"status": S, "message": "..."}}``; the message is
-meant for the client and never carries internals. Whether an answer closes its connection
-is decided in one place, :meth:`JSONHandler.finish`.
+Every non-200 answer is ``{"error": {"status": S, "message": "..."}}`` (tiny.httpserver's
+``error_body``, whichever way answers); the message is meant for the client and never carries
+internals. Two rules hold for every way into the server, each in one function here: whether
+an answer closes its connection (:func:`closes_connection`), and the header limits
+(:func:`header_refusal`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from tornado import web
+from tornado.httputil import HTTPHeaders
 
 from tiny.config import Config
 from tiny.drain import Drain
+from tiny.httpserver import JSON, Fields, error_body
 from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
 from tiny.metrics import Metrics
 from tiny.pacing import Paced, ReadPacer
@@ -33,7 +36,6 @@ if TYPE_CHECKING:
     from tiny.live import Live
 
 log = logging.getLogger("tiny.handlers")
-JSON = "application/json; charset=utf-8"  # said out loud: a client need not guess (httr warns when it must)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,32 @@ def check_token(token: str | None, authorization: str) -> None:
     scheme, _, sent = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(sent.strip().encode(), token.encode()):
         raise APIError(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="tiny"'})
+
+
+def closes_connection(drain: Drain, body_read: bool) -> bool:
+    """Whether an answer closes its connection (says ``Connection: close``, and the server then
+    closes it and reads nothing more: tiny.httpserver): while draining, and whenever the answer
+    comes before the request's whole body was read (an early 401, 405, 413, 415 or 431), whose
+    rest is never read. Said out loud, a proxy does not put the connection back in its
+    keep-alive pool and send the next request into a close."""
+    return drain.closes_connection() or not body_read
+
+
+def header_refusal(headers: HTTPHeaders | Fields) -> APIError | None:
+    """The 431 for request headers past the limits (tiny.limits): more than MAX_HEADERS field
+    lines (each line counts: a name sent 150 times is 150 fields, RFC 9110 section 5.3), or
+    more than MAX_HEADER_BYTES of them; None within them. ``headers`` is an ``HTTPHeaders``
+    or the fast way's ``Fields`` (whose ``get_all`` yields each line). Past HEADER_READ_LIMIT
+    bytes Tornado itself closes the connection unanswered."""
+    count = size = 0
+    for name, value in headers.get_all():
+        count += 1
+        size += len(name) + len(value) + 4
+    if count > MAX_HEADERS:
+        return APIError(431, f"more than {MAX_HEADERS} request header fields")
+    if size > MAX_HEADER_BYTES:
+        return APIError(431, f"request headers larger than {MAX_HEADER_BYTES} bytes")
+    return None
 
 
 class APIError(web.HTTPError):
@@ -101,13 +129,10 @@ class JSONHandler(web.RequestHandler):
         return None
 
     def check_headers(self) -> None:
-        """431 for more than MAX_HEADERS headers or MAX_HEADER_BYTES of them (tiny.limits;
-        past HEADER_READ_LIMIT Tornado itself closes the connection unanswered)."""
-        headers = list(self.request.headers.get_all())
-        if len(headers) > MAX_HEADERS:
-            raise APIError(431, f"more than {MAX_HEADERS} request headers")
-        if sum(len(name) + len(value) + 4 for name, value in headers) > MAX_HEADER_BYTES:
-            raise APIError(431, f"request headers larger than {MAX_HEADER_BYTES} bytes")
+        """431 for headers past the limits (:func:`header_refusal`)."""
+        refused = header_refusal(self.request.headers)
+        if refused is not None:
+            raise refused
 
     def check_token(self) -> None:
         """401 unless the request carries ``Authorization: Bearer <token>`` (when one is set)."""
@@ -132,12 +157,8 @@ class JSONHandler(web.RequestHandler):
         return True
 
     def finish(self, chunk: str | bytes | dict[str, Any] | None = None) -> Any:
-        # The one place that decides whether this answer closes its connection: while
-        # draining, and whenever Tornado will close it because the answer comes before the
-        # body was read (an early 401, 405, 413 or 415). Said out loud, a proxy does not put
-        # the connection back in its keep-alive pool and send the next request into a close.
-        if self.deps.drain.closes_connection() or not self.body_read():
-            self.set_header("Connection", "close")
+        if closes_connection(self.deps.drain, self.body_read()):
+            self.set_header("Connection", "close")  # tiny.httpserver closes the connection after it
         return super().finish(chunk)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
@@ -151,7 +172,7 @@ class JSONHandler(web.RequestHandler):
             message = self._reason
         if status_code == 405:
             self.set_header("Allow", ", ".join(self.allowed))
-        self.finish(orjson.dumps({"error": {"status": status_code, "message": message}}))
+        self.finish(error_body(status_code, message))
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, web.HTTPError):  # a client's mistake: a warning, no traceback

@@ -4,16 +4,18 @@ Tornado's HTTPServer hands each request to an ``HTTPMessageDelegate``; the Appli
 (routing, a RequestHandler per request, its prepare, headers and finish) cost about a third
 of a small request's CPU. :func:`route` looks at the request line and headers first and takes
 the usual request itself: ``POST /ingest`` (no query string) whose headers are within the
-header limits and pass the request rules (tiny.handlers.rules: method, token, key, encoding,
-type, declared length). Everything else goes the general way (tiny.routes), which answers it
-exactly as it always did: every refusal of the headers (400, 401, 405, 413, 415, 431), every
-other path and method. So the lean path never answers an error of the headers; the errors it
-answers are those of the body and the write, with the same rules and the same JSON shape as
-the handler, because both call tiny.handlers.ingest.process: 413 while the body streams in,
-400/413 of a gzip body, 422, 503 with Retry-After.
+header limits (tiny.handlers.base.header_refusal, the general way's own) and pass the request
+rules (tiny.handlers.rules: method, token, key, encoding, type, declared length). A Host that
+Tornado refuses never gets here (tiny.httpserver refuses it first, on every way). Everything
+else goes the general way (tiny.routes), which answers it exactly as it always did: every
+refusal of the headers (400, 401, 405, 413, 415, 431), every other path and method. So the
+lean path never answers an error of the headers; the errors it answers are those of the body
+and the write, with the same rules and the same JSON shape as the handler, because both call
+tiny.handlers.ingest.process: 413 while the body streams in, 400/413 of a gzip body, 422, 503
+with Retry-After.
 
 It keeps every behaviour of the handler: the drain's in-flight count and ``Connection:
-close`` (while draining, and for an answer sent before the whole body was read), the metrics
+close`` (tiny.handlers.base.closes_connection, the handler's own rule), the metrics
 (``tiny_requests_total{handler="ingest"}``, the duration), the answer's headers (Server,
 Content-Type, Date, Content-Length, ``Idempotent-Replayed``, ``Retry-After``), the log line of
 a refusal. The body timeout is set only when the body is not already buffered: a body that
@@ -32,18 +34,16 @@ import logging
 import time
 from typing import Any
 
-import orjson
 import tornado
 from tornado import httputil
 from tornado.http1connection import HTTP1Connection
 from tornado.httputil import HTTPHeaders
 from tornado.log import access_log
 
-from tiny.handlers.base import JSON, APIError, Deps
+from tiny.handlers.base import JSON, APIError, Deps, closes_connection, header_refusal
 from tiny.handlers.ingest import process
 from tiny.handlers.rules import Head
-from tiny.httpserver import Fields
-from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
+from tiny.httpserver import Fields, error_body
 
 log = logging.getLogger("tiny.handlers")
 _SERVER = f"TornadoServer/{tornado.version}"  # what a RequestHandler says
@@ -56,8 +56,8 @@ def route(
     ``headers`` and ``connection`` are Tornado's, or on the fast way tiny.httpserver's."""
     if start_line.method != "POST" or start_line.path != "/ingest":
         return None
-    if len(headers) > MAX_HEADERS or sum(len(k) + len(v) + 4 for k, v in headers.get_all()) > MAX_HEADER_BYTES:
-        return None
+    if header_refusal(headers) is not None:
+        return None  # the handler answers it: the same function, the same 431
     try:
         head = deps.rules.head("POST", headers)
     except APIError:
@@ -132,14 +132,13 @@ class LeanIngest(httputil.HTTPMessageDelegate):
 
     def _refuse(self, exc: APIError) -> None:
         log.warning("%d POST /ingest: %s", exc.status_code, exc.message)
-        body = orjson.dumps({"error": {"status": exc.status_code, "message": exc.message}})
-        self._answer(exc.status_code, body, exc.headers)
+        self._answer(exc.status_code, error_body(exc.status_code, exc.message), exc.headers)
 
     def _answer(self, status: int, body: bytes, extra: dict[str, str] | None) -> None:
         if self.answered or self.connection.stream.closed():
             return
         self.answered = True
-        close = self.deps.drain.closes_connection() or not self.body_read  # as JSONHandler.finish decides it
+        close = closes_connection(self.deps.drain, self.body_read)
         head = _HEADS.get(status) or _head_for(status)
         lines = [head, b"Date: ", _date(), b"\r\nContent-Length: ", b"%d\r\n" % len(body)]
         for name, value in (extra or {}).items():
