@@ -51,7 +51,7 @@ class SizeTable:
     def __init__(self, path: str, fd: int) -> None:
         self.path = path
         self._fd = fd
-        self._slots: dict[str, int] = {}  # name -> its slot's index
+        self._slots: dict[str, tuple[int, bytes]] = {}  # name -> its slot's offset and padded name
         self._count = 1  # slots read so far (the header is slot 0)
 
     @classmethod
@@ -104,39 +104,38 @@ class SizeTable:
             name, size = body[:MAX_NAME].rstrip(b"\0").decode(errors="replace"), int.from_bytes(body[MAX_NAME:], "big")
             if size >= sizes.get(name, -1):
                 sizes[name] = size
-                self._slots[name] = self._count + offset // SLOT
+                self._slots[name] = (start + offset, body[:MAX_NAME])
         self._count += len(tail) // SLOT
         return sizes
-
-    def _value(self, index: int) -> int:
-        body = _body(os.pread(self._fd, SLOT, index * SLOT))
-        return int.from_bytes(body[MAX_NAME:], "big") if body is not None else 0
 
     def known(self, name: str) -> int:
         """The size below which ``name`` is committed, as last recorded (0: never recorded).
         One pread when this process knows the file's slot."""
-        index = self._slots.get(name)
-        if index is None:
+        slot = self._slots.get(name)
+        if slot is None:
             self._read_new_slots()
-            index = self._slots.get(name)
-            if index is None:
+            slot = self._slots.get(name)
+            if slot is None:
                 return 0
-        return self._value(index)
+        found = os.pread(self._fd, _BODY + 4, slot[0])
+        if zlib.crc32(found[:_BODY]).to_bytes(4, "big") != found[_BODY:]:
+            return 0  # torn (a power loss in its write): not known
+        return int.from_bytes(found[MAX_NAME:_BODY], "big")
 
     def record(self, name: str, size: int) -> None:
         """``name`` is committed up to ``size`` (after the commit point; one pwrite). A name
         longer than MAX_NAME bytes is not tracked (the sink writes day files and rejects only)."""
-        encoded = name.encode()
-        if len(encoded) > MAX_NAME:
-            return
-        index = self._slots.get(name)
-        if index is None:
+        slot = self._slots.get(name)
+        if slot is None:
             self._read_new_slots()
-            index = self._slots.get(name)
-        if index is None:
-            index = self._slots[name] = self._count
+            slot = self._slots.get(name)
+        if slot is None:
+            encoded = name.encode()
+            if len(encoded) > MAX_NAME:
+                return
+            slot = self._slots[name] = (self._count * SLOT, encoded.ljust(MAX_NAME, b"\0"))
             self._count += 1
-        os.pwrite(self._fd, _slot(encoded.ljust(MAX_NAME, b"\0") + size.to_bytes(8, "big")), index * SLOT)
+        os.pwrite(self._fd, _slot(slot[1] + size.to_bytes(8, "big")), slot[0])
 
     def items(self) -> dict[str, int]:
         """Every file's recorded size (for the check at open): one read of the whole table."""

@@ -920,18 +920,18 @@ class Journal:
             log.error("could not record the committed sizes of a flush (%s): %s", self._sizes.path, exc)
 
     def confirm(self, files: Sequence[tuple[int, Intent]]) -> None:
-        """Right before a flush's commit point: raise :class:`LockLost` unless the lock and
-        intent files this journal holds are still linked (deleted, or replaced by a rename,
-        they have no link left), the intent still holds this flush's record (its token makes
-        it unique), and each file of the flush (``files``: its descriptor and intent) is still
-        linked and exactly as long as the flush left it. A writer paused in a flush and resumed
-        after its lock file was replaced must not commit: another writer may have taken the
-        new lock meanwhile. One fstat per file, one pread. Lock held."""
+        """Right before a flush's commit point: raise :class:`LockLost` unless the lock file
+        this journal holds is still linked (deleted, or replaced by a rename, it has no link
+        left), the intent still holds this flush's record (its token makes it unique), and
+        each file of the flush (``files``: its descriptor and intent) is still linked and
+        exactly as long as the flush left it. A writer paused in a flush and resumed after its
+        lock file was replaced must not commit: another writer may have taken the new lock
+        meanwhile. (An intent file replaced meanwhile is harmless to this flush: no other
+        writer can know its intent, so none can cut it; the next flush's lock refuses that
+        file.) One fstat per file, one pread. Lock held."""
         changed = None
         if os.fstat(self._lock_fd).st_nlink == 0:
             changed = f"the lock file {self._lock_file} was deleted or replaced"
-        elif os.fstat(self._intent_fd).st_nlink == 0:
-            changed = f"the intent file {self._intent_file} was deleted or replaced"
         elif os.pread(self._intent_fd, len(self._record), 0) != self._record:
             changed = f"the intent file {self._intent_file} holds another flush's record"
         else:
