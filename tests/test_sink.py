@@ -531,6 +531,27 @@ def test_trouble_names_a_lock_held_elsewhere_for_over_a_second_while_nothing_wai
     assert old is not None and "is held by pid 4242 on otherhost since 3." in old
 
 
+@pytest.mark.hardening("third 10: /healthz answered 200 while another process held the lock, stopped")
+def test_trouble_names_a_writer_that_holds_the_intent_without_the_lock(tmp_path: Path) -> None:
+    """A writer still in a flush after its lock file was replaced holds the intent's flock:
+    every POST would wait for it, and /healthz says so while none waits."""
+
+    async def go() -> tuple[str | None, str | None]:
+        sink, _ = make(tmp_path)
+        await sink.append({"d.csv": b"0\n"})
+        fenced = os.open(layout.intent_path(tmp_path), os.O_RDWR)
+        fcntl.flock(fenced, fcntl.LOCK_EX)
+        held = sink.trouble()
+        os.close(fenced)
+        free = sink.trouble()
+        await sink.close()
+        return held, free
+
+    held, free = run(go())  # type: ignore[misc]
+    assert held is not None and "is held by a writer that does not hold the lock file" in held
+    assert free is None
+
+
 @pytest.mark.hardening("third 13: a request waited twice --lock-timeout for the lock behind a /healthz probe flush")
 def test_a_request_waits_for_the_lock_at_most_the_timeout_whatever_waited_before_it(tmp_path: Path) -> None:
     async def go() -> float:

@@ -1134,8 +1134,9 @@ def _describe_holder(record: bytes) -> str:
 
 def lock_held_past(data_dir: Path, seconds: float) -> str | None:
     """Whether another process holds the data dir's flush lock now, by its holder's record for
-    longer than ``seconds``: then who holds it and since when; else None. Never waits (a
-    non-blocking try on a descriptor of its own, released at once; a few system calls): for
+    longer than ``seconds``, or holds the intent's flock without the lock (the fence of a
+    writer whose lock file was replaced): then who and since when; else None. Never waits
+    (non-blocking tries on descriptors of its own, released at once; a few system calls): for
     /healthz on the event loop, which must see a lock held elsewhere while no request of its
     own waits. A record of this process (its own sink in a flush) is not reported here."""
     try:
@@ -1157,10 +1158,31 @@ def lock_held_past(data_dir: Path, seconds: float) -> str | None:
                     f"the data dir's flush lock {layout.lock_path(data_dir)} is {_describe_holder(b' '.join(fields))}"
                 )
             return None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+        try:
+            return _fenced(data_dir)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _fenced(data_dir: Path) -> str | None:
+    """With the lock file's flock held: whether someone holds the intent's (a writer whose lock
+    file was replaced, still in its flush), and who; a non-blocking try, released at once."""
+    try:
+        fd = os.open(layout.intent_path(data_dir), os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return (
+            f"the intent file {layout.intent_path(data_dir)} is held by a writer that does not hold the lock file "
+            f"(it was replaced while that writer was in a flush; {_flock_holders(fd)})"
+        )
+    finally:
+        os.close(fd)  # (closing releases a flock taken on it)
+    return None
 
 
 def _flock_holders(fd: int) -> str:
