@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, Server, assert_exactly_once, assert_stopped_in_a_flush, body_of, key, wait_for
+from tests.support import (
+    ROOT,
+    Server,
+    assert_exactly_once,
+    assert_stopped_in_a_flush,
+    body_of,
+    key,
+    lock_is_held,
+    wait_for,
+)
 from tiny import layout
 from tiny.testing import server_env
 
@@ -36,6 +45,11 @@ def start_fails(data: Path, *args: str) -> str:
         return server.log()
     finally:
         server.kill()
+
+
+def day_sizes(data: Path) -> dict[str, int]:
+    """Each day file's size (-1: missing)."""
+    return {day: (data / f"{day}.csv").stat().st_size if (data / f"{day}.csv").exists() else -1 for day in DAYS}
 
 
 def post_all(server: Server, batches: range) -> None:
@@ -214,11 +228,20 @@ def test_a_writer_paused_in_a_flush_never_commits_after_its_lock_file_was_replac
         line = lock.read_bytes()[:64]
         lock.unlink()
         lock.write_bytes(line)
+        sizes = day_sizes(data)
         second = Server(data, "--lock-timeout", "30")
         starting = threading.Thread(target=second.start, kwargs={"timeout": 60})
+
+        def up_or_waiting() -> bool:  # the old tree: up, the flush cut; now: the new lock held, waiting
+            holder = lock.read_bytes()[64:].split()[:1]
+            opening = second.proc is not None and holder == [str(second.proc.pid).encode()]
+            return not starting.is_alive() or (opening and lock_is_held(data))
+
         try:
             starting.start()
-            time.sleep(2.0)  # the old tree: the second server is up and has cut the flush by now
+            assert wait_for(up_or_waiting, 30)
+            time.sleep(0.5)
+            assert day_sizes(data) == sizes, "the stopped flush was cut under its writer"
             os.kill(worker, signal.SIGCONT)
             posting.join(30)
             starting.join(60)
