@@ -3,8 +3,9 @@
 Each round runs ``--flushes`` flushes of one small append to one day file, without a key and
 then with a fresh key each, on a journal that holds ``--keys`` random keys first, and prints
 the process CPU per flush of each step (taking the lock with its checks of the files'
-identity and its holder record, recovery's check, the claim, the intent, the commit, marking
-the intent committed) in microseconds. The data dir is a temp dir under
+identity and its holder record, recovery's check, the claim, the intent with the check of the
+file's committed size, the check before the commit point, the commit, marking the intent
+committed with the record of the file's committed size) in microseconds. The data dir is a temp dir under
 ``--dir`` (default: the system's), removed afterwards.
 
 Usage:
@@ -25,7 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tiny.journal import Claim, Intent, Journal
 
-STEPS = ("lock", "recover", "claim", "intend", "commit", "finish")
+STEPS = ("lock", "recover", "claim", "intend", "confirm", "commit", "finish")
+
+
+def intend(journal: Journal, fd: int, day: Path, first_key: str | None, intents: list[Intent]) -> None:
+    """The flush's intent, as the sink writes it (the size it fstat's; the committed size checked)."""
+    size = os.fstat(fd).st_size
+    intents.append(Intent(day.name, size, size + 2, False))
+    journal.intend(intents, first_key)
 
 
 def flushes(journal: Journal, day: Path, count: int, keyed: bool, per_flush: int = 1) -> dict[str, float]:
@@ -39,19 +47,22 @@ def flushes(journal: Journal, day: Path, count: int, keyed: bool, per_flush: int
             new = (f"bench-{uuid.uuid4().hex}-{uuid.uuid4().hex[:24]}" for _ in range(per_flush if keyed else 0))
             keys = [Claim(key, b"d" * 16, b"a" * 120) for key in new]
             held = []
+            intents: list[Intent] = []
             steps = (
                 ("lock", lambda held=held: held.append(journal.locked())),  # the flock, the files' checks, the holder
                 ("recover", journal.recover),
                 ("claim", lambda keys=keys: journal.claim(keys)),
                 (
                     "intend",
-                    lambda first=keys[0].key if keys else None: journal.intend(
-                        [Intent(day.name, size := os.fstat(fd).st_size, size + 2, False)], first
+                    lambda first=keys[0].key if keys else None, intents=intents: intend(
+                        journal, fd, day, first, intents
                     ),
                 ),
                 ("write", lambda: os.write(fd, b"x\n")),  # the data: not the journal's
+                # the lock, the intent and the file still the flush's, as the sink asks before its commit point
+                ("confirm", lambda intents=intents: journal.confirm([(fd, intents[0])])),
                 ("commit", journal.commit),
-                ("finish", journal.finish),
+                ("finish", journal.finish),  # with the record of the file's committed size
             )
             for step, run in steps:
                 started = clock()

@@ -239,6 +239,47 @@ def alive(pid: int) -> bool:
     return stat.split(")")[1].split()[0] != "Z"
 
 
+def stopped(pid: int) -> bool:
+    """Every thread of process ``pid`` is stopped (state T in /proc/PID/task/*/stat)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = [Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks]
+    except (OSError, IndexError):
+        return False
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
+def lock_is_held(data: Path) -> bool:
+    """Someone holds ``data``'s flush lock now: a non-blocking flock of it fails (released at once if not)."""
+    import fcntl
+
+    from tiny.layout import lock_path
+
+    fd = os.open(lock_path(data), os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def intent_is_live(data: Path) -> bool:
+    """A flush of ``data`` is under way or unfinished: its intent's first byte is ``I``."""
+    from tiny.layout import intent_path
+
+    return intent_path(data).read_bytes()[:1] == b"I"
+
+
+def assert_stopped_in_a_flush(pid: int, data: Path, timeout: float = 10.0) -> None:
+    """Prove, from outside, the precondition of a test that stops a writer inside a flush:
+    every thread of ``pid`` is stopped, the data dir's flush lock is held and its intent live."""
+    assert wait_for(lambda: stopped(pid), timeout), f"process {pid} did not stop"
+    assert lock_is_held(data), f"process {pid} stopped without holding the flush lock"
+    assert intent_is_live(data), f"process {pid} stopped outside a flush (the intent is not live)"
+
+
 def wait_for(predicate: object, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, Server, assert_exactly_once, body_of, key, wait_for
+from tests.support import (
+    ROOT,
+    Server,
+    assert_exactly_once,
+    assert_stopped_in_a_flush,
+    body_of,
+    key,
+    lock_is_held,
+    wait_for,
+)
 from tiny import layout
 from tiny.testing import server_env
 
@@ -36,6 +45,11 @@ def start_fails(data: Path, *args: str) -> str:
         return server.log()
     finally:
         server.kill()
+
+
+def day_sizes(data: Path) -> dict[str, int]:
+    """Each day file's size (-1: missing)."""
+    return {day: (data / f"{day}.csv").stat().st_size if (data / f"{day}.csv").exists() else -1 for day in DAYS}
 
 
 def post_all(server: Server, batches: range) -> None:
@@ -131,7 +145,7 @@ def test_a_data_dir_copied_in_the_middle_of_a_flush_is_refused_not_cut(tmp_path:
         posting = threading.Thread(target=post_all, args=(server, range(3)))
         posting.start()  # the first batch's flush stops its worker, the lock held
         worker = server.worker_pid()
-        assert wait_for(lambda: Path(f"/proc/{worker}/stat").read_text().split(")")[1].split()[0] == "T", 5)
+        assert_stopped_in_a_flush(worker, data)
         shutil.copytree(data, copy)  # the journal while the flush is under way
         os.kill(worker, signal.SIGCONT)
         posting.join(30)
@@ -193,3 +207,71 @@ def test_a_backup_of_a_live_data_dir_takes_every_retry_exactly_once(tmp_path: Pa
         backup_seconds=round(took, 2),
     )
     assert 0 < replayed < len(acked)
+
+
+@pytest.mark.hardening("third 8: a writer paused mid-flush committed after its lock file was replaced and recovered")
+def test_a_writer_paused_in_a_flush_never_commits_after_its_lock_file_was_replaced(tmp_path: Path) -> None:
+    """A worker stopped inside a flush (as `docker pause` stops it), its lock file deleted and
+    written again with the data dir's id, a second server started, the worker resumed: the old
+    tree let the second server's recovery cut the flush and the worker then commit its key and
+    answer 200 (0 of the rows on disk, the retry "replayed"). Now the second server waits for
+    the flush to end, the worker's commit point refuses (503), and the retry is written once."""
+    data = tmp_path / "data"
+    env = {"TINY_CRASH_AT": "after-writes:1:stop-once"}
+    answers: list[int] = []
+    with Server(data, "--stall-timeout", "600", env=env) as first:
+        posting = threading.Thread(target=lambda: answers.append(first.ingest(body_of(0, days=DAYS), key(0)).status))
+        posting.start()
+        worker = first.worker_pid()
+        assert_stopped_in_a_flush(worker, data)
+        lock = layout.lock_path(data)
+        line = lock.read_bytes()[:64]
+        lock.unlink()
+        lock.write_bytes(line)
+        sizes = day_sizes(data)
+        second = Server(data, "--lock-timeout", "30")
+        starting = threading.Thread(target=second.start, kwargs={"timeout": 60})
+
+        def up_or_waiting() -> bool:  # the old tree: up, the flush cut; now: the new lock held, waiting
+            holder = lock.read_bytes()[64:].split()[:1]
+            opening = second.proc is not None and holder == [str(second.proc.pid).encode()]
+            return not starting.is_alive() or (opening and lock_is_held(data))
+
+        try:
+            starting.start()
+            assert wait_for(up_or_waiting, 30)
+            time.sleep(0.5)
+            assert day_sizes(data) == sizes, "the stopped flush was cut under its writer"
+            os.kill(worker, signal.SIGCONT)
+            posting.join(30)
+            starting.join(60)
+            retry = second.ingest(body_of(0, days=DAYS), key(0))
+        finally:
+            second.kill()
+    assert answers == [503]
+    assert retry.status == 200 and "idempotent-replayed" not in retry.headers
+    assert_exactly_once(data, {0: body_of(0, days=DAYS)})
+
+
+@pytest.mark.hardening("third 9: a live copy lacking an acknowledged batch started; its retry was answered replayed")
+def test_a_live_copy_made_day_by_day_is_refused_naming_the_file_and_the_bytes_missing(tmp_path: Path) -> None:
+    """Day 1 copied, then keyed batches to day 1 and to day 2, then day 2 and .tiny/ copied:
+    the old tree started on the copy (the last flush wrote day 2 only), and the batches missing
+    from its day 1 were answered "replayed"."""
+    data, copy = tmp_path / "data", tmp_path / "copy"
+    day1, day2 = (f"{day}.csv" for day in DAYS)
+    with Server(data) as server:
+        post_all(server, range(2))
+        copy.mkdir()
+        shutil.copy(data / day1, copy / day1)
+        for batch in range(2, 6):  # the last one to day 2 only
+            days = (DAYS[batch % 2],)
+            assert server.ingest(body_of(batch, days=days), key(batch)).status == 200
+    shutil.copy(data / day2, copy / day2)
+    shutil.copytree(data / "rejects", copy / "rejects")
+    shutil.copytree(layout.state_dir(data), layout.state_dir(copy))
+    shutil.copy(layout.identity_path(data), layout.identity_path(copy))
+    missing = (data / day1).stat().st_size - (copy / day1).stat().st_size
+    log = start_fails(copy)
+    assert f"{copy / day1} is {(copy / day1).stat().st_size} bytes: {missing} bytes shorter than the" in log
+    assert "--new-journal" in log

@@ -6,6 +6,7 @@ import fcntl
 import os
 import shutil
 import sqlite3
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -413,3 +414,141 @@ def test_committed_sizes_are_read_without_the_lock_from_the_intent(tmp_path: Pat
     assert other.committed_sizes_unlocked([d]) == {d: 6}
     layout.intent_path(tmp_path).write_bytes(b"I\x00\x00")  # torn: only the lock and recovery know
     assert other.committed_sizes_unlocked([d]) is None
+
+
+# -- a writer whose lock file was replaced while it was in a flush ----------------------------
+
+
+def replace_lock_file(data: Path) -> None:
+    """Delete the lock file and write a new one with the data dir's id, as an operator might."""
+    lock = layout.lock_path(data)
+    line = lock.read_bytes()[:64]
+    lock.unlink()
+    lock.write_bytes(line)
+
+
+@pytest.mark.hardening("third 8: a writer paused mid-flush committed after its lock file was replaced and recovered")
+def test_a_flush_under_way_keeps_a_writer_of_a_replaced_lock_file_from_recovering_it(tmp_path: Path) -> None:
+    """The lock file replaced while a writer is in a flush: another journal takes the new lock,
+    but can neither open nor recover until that flush ends (the old tree cut the flush, whose
+    writer then committed its key: 0 of 100 rows on disk, the retry answered "replayed")."""
+    (tmp_path / "d.csv").write_bytes(b"h\n")
+    journal = opened(tmp_path)
+    with journal.locked():
+        journal.claim(claims("k"))
+        journal.intend([Intent("d.csv", 2, 4, False)], "k")
+        with open(tmp_path / "d.csv", "ab") as out:
+            out.write(b"1\n")
+        replace_lock_file(tmp_path)
+        with pytest.raises(JournalError, match="is held by a writer that does not hold the lock file"):
+            opened(tmp_path, lock_timeout=0.3)
+        assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"  # not cut under the writer
+        journal.rollback()  # the writer's commit point refuses (the next test): it rolls back
+    other = opened(tmp_path)  # the flush ended: the new lock's recovery cuts it
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n"
+    assert not other._stored("k")
+
+
+@pytest.mark.hardening("third 8: a writer paused mid-flush committed after its lock file was replaced and recovered")
+@pytest.mark.parametrize("change", ["lock file replaced", "intent overwritten", "file cut", "file appended"])
+def test_a_flush_does_not_reach_its_commit_point_once_its_lock_or_files_changed(tmp_path: Path, change: str) -> None:
+    from tiny.journal import LockLost
+
+    path = tmp_path / "d.csv"
+    path.write_bytes(b"h\n")
+    journal = opened(tmp_path)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND)
+    intent = Intent("d.csv", 2, 4, False)
+    try:
+        with journal.locked():
+            journal.claim(claims("k"))
+            journal.intend([intent], "k")
+            os.write(fd, b"1\n")
+            journal.confirm([(fd, intent)])  # nothing changed: it may commit
+            if change == "lock file replaced":
+                replace_lock_file(tmp_path)
+            elif change == "intent overwritten":  # as a recovery marks it undone
+                os.pwrite(os.open(layout.intent_path(tmp_path), os.O_WRONLY), b"x", 0)
+            elif change == "file cut":
+                os.ftruncate(fd, 2)
+            else:
+                os.write(fd, b"2\n")
+            with pytest.raises(LockLost, match="a flush was not committed"):
+                journal.confirm([(fd, intent)])
+            journal.rollback()
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.hardening("third 11: a 503 named the wrong holder: opening the journal wrote no holder record")
+def test_opening_the_journal_records_its_holder_as_soon_as_it_holds_the_lock(tmp_path: Path) -> None:
+    """The data dir's id file is a FIFO here, so that the opening holds the lock while it reads
+    it: a writer that times out meanwhile names the opening process, not the last flush's."""
+    opened(tmp_path).close()
+    lock = layout.lock_path(tmp_path)
+    with open(lock, "r+b") as out:
+        out.seek(64)
+        out.write(b"1 elsewhere 1000.0".ljust(127) + b"\n")  # the record of an earlier holder
+    identity = layout.identity_path(tmp_path)
+    dir_id = identity.read_text()
+    identity.unlink()
+    os.mkfifo(identity)
+    opening = Journal(tmp_path)
+    thread = threading.Thread(target=opening.open)
+    thread.start()
+    try:
+        time.sleep(0.3)  # the opening holds the lock, blocked on the FIFO
+        with pytest.raises(LockTimeout) as raised:
+            opened(tmp_path, lock_timeout=0.2)
+    finally:
+        with open(identity, "w") as fifo:
+            fifo.write(dir_id)
+        thread.join(10)
+    assert f"held by pid {os.getpid()} on " in str(raised.value) and "elsewhere" not in str(raised.value)
+    assert opening.is_open
+    opening.close()
+
+
+# -- the files' committed sizes ------------------------------------------------------------
+
+
+@pytest.mark.hardening("third 9: a live copy lacking an acknowledged batch started; its retry was answered replayed")
+def test_a_file_shorter_than_the_journal_knows_was_committed_is_refused_at_open(tmp_path: Path) -> None:
+    """The last flush wrote b.csv only: the old tree checked that flush's files, not a.csv."""
+    data = tmp_path / "data"
+    journal = opened(data)
+    flush(journal, data, "a.csv", b"h\n1\n", "k1")
+    flush(journal, data, "b.csv", b"h\n2\n", "k2")
+    journal.close()
+    (data / "a.csv").write_bytes(b"h\n")  # an older copy of a.csv
+    message = refusal(data)
+    assert f"{data / 'a.csv'} is 2 bytes: 2 bytes shorter than the 4 that the journal knows" in message
+    assert "--new-journal" in message
+    (data / "a.csv").unlink()
+    assert f"{data / 'a.csv'} is missing: 4 bytes shorter" in refusal(data)
+
+
+def test_committed_sizes_follow_every_flush_and_a_fresh_journal_starts_without_them(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    journal = opened(data)
+    for n in range(3):
+        flush(journal, data, "a.csv", b"%d\n" % n)  # without keys too
+    flush(journal, data, "b.csv", b"x\n")
+    journal.close()
+    (data / "a.csv").write_bytes(b"0\n1\n")
+    assert "is 4 bytes: 2 bytes shorter than the 6" in refusal(data)
+    opened(data, accept_new=True).close()  # knowingly
+    opened(data).close()
+
+
+def test_a_journal_without_committed_sizes_gets_them_and_a_deleted_table_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    journal = opened(data)
+    flush(journal, data, "a.csv", b"1\n", "k1")
+    journal.db.execute("DELETE FROM meta WHERE name = 'sizes'")  # a journal of the earlier format
+    journal.close()
+    layout.sizes_path(data).unlink()
+    opened(data).close()  # gets an empty table
+    assert layout.sizes_path(data).exists()
+    layout.sizes_path(data).unlink()
+    assert "committed sizes" in refusal(data) and "is missing" in refusal(data)

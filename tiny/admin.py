@@ -10,7 +10,8 @@ accepts and that holds exactly what was acknowledged at one instant: it takes th
 flush lock for as long as it takes to note every file's size, the intent and the newest
 idempotency key (microseconds: ingest waits that long, never for the copy), then copies, with
 the lock released, each file up to its noted size (the day files and rejects only grow) and
-the journal through SQLite's online backup, dropping the keys stored after that instant. A
+the journal through SQLite's online backup, dropping the keys stored after that instant, and
+the files' committed sizes as they were at that instant (none past the sizes copied). A
 retry of any batch against the copy then writes it exactly once. A plain ``cp -r`` of a live
 data dir is refused by the server instead (the journal and the files come from different
 moments: tiny.journal). DEST must not exist.
@@ -57,6 +58,7 @@ def backup(data_dir: Path, dest: Path, lock_timeout: float = 30.0) -> dict[str, 
         with journal.locked():  # one instant: the files, the intent and the keys agree
             sizes = _file_sizes(data_dir)
             intent = layout.intent_path(data_dir).read_bytes()
+            committed = layout.sizes_path(data_dir).read_bytes()  # each at most the size noted now
             lock_line = layout.lock_path(data_dir).read_bytes()[:64]
             newest = journal.last[1] if journal.last else 0
         dest.mkdir(parents=True)
@@ -66,6 +68,7 @@ def backup(data_dir: Path, dest: Path, lock_timeout: float = 30.0) -> dict[str, 
             copied += _copy_prefix(data_dir / name, dest / name, size)
         kept = _copy_journal(journal, layout.journal_path(dest), newest)
         layout.intent_path(dest).write_bytes(intent)
+        layout.sizes_path(dest).write_bytes(committed)
         layout.lock_path(dest).write_bytes(lock_line)
         shutil.copyfile(layout.identity_path(data_dir), layout.identity_path(dest))
     finally:

@@ -1,8 +1,16 @@
 """The data dir's journal: its identity, the flush lock, the intent of the flush under way, and the idempotency keys.
 
 Every writer of a data dir (every worker of every server and container sharing it) takes
-one exclusive ``flock`` on ``.tiny/lock`` (tiny.layout) for the whole of a flush, waiting at
-most ``lock_timeout`` seconds for it (:class:`LockTimeout` names the holder then), and keeps:
+the flush lock for the whole of a flush, waiting at most ``lock_timeout`` seconds for it
+(:class:`LockTimeout` names the holder then): an exclusive ``flock`` on ``.tiny/lock``
+(tiny.layout), whose holder writes its record there (pid, host, time) as soon as it holds it,
+whatever it does under it; then one on ``.tiny/intent``, the fence of the flush under way: a
+writer that still holds its intent after the lock file was replaced under it (a process or
+container paused mid-flush) keeps every other writer from opening, recovering or overwriting
+that flush until it ends. Right before its commit point a flush checks (:meth:`Journal.confirm`)
+that both files are still linked, that the intent still holds its own record (a token no other
+flush writes), and that its files are exactly as long as it left them; otherwise it is not
+committed (:class:`LockLost`). Each writer keeps:
 
 - ``.tiny/intent``: the flush under way, written *before* the first byte of data: the files
   it appends to, each with its size before and after the flush's own write and whether the
@@ -35,12 +43,18 @@ most ``lock_timeout`` seconds for it (:class:`LockTimeout` names the holder then
   the flush's own keys plus 8 (:data:`EXPIRE_SLACK`) at a time, so no flush pays for a
   backlog; SQLite's ``journal_size_limit`` brings the ``-wal`` back to 4 MiB after each
   checkpoint.
+- ``.tiny/sizes`` (tiny.committed_sizes): per file any flush appended to, the size it was
+  committed up to, recorded after each commit point. A file shorter than that has lost
+  acknowledged rows: :meth:`Journal.open` checks every file, and each flush its own files
+  before it writes (:meth:`Journal.intend`: one pread per file, against the size it fstat'ed);
+  both refuse (JournalError naming the file and the bytes missing).
 - ``.tiny-id`` (beside ``.tiny/``), the first line of ``.tiny/lock`` and the journal's
   ``meta`` hold the same random id. :meth:`Journal.open` refuses a journal, lock or intent
   file that is missing, empty, damaged or holds another id, a journal in another mode than
   asked, a journal that lacks the newest key an intent says was committed (its ``-wal``
   deleted, or restored from an older copy), and files shorter than the last committed flush
-  left them: with a :class:`JournalError` that says what was found and that
+  left them or than their committed sizes: with a :class:`JournalError` that says what was
+  found and that
   ``--new-journal`` (``accept_new``) starts a fresh journal knowingly. Every flush checks
   that the lock and intent files are still linked (an fstat each) and that the journal's path
   still has the inode it opened (a stat): one replaced or deleted while the server runs stops
@@ -76,6 +90,7 @@ import orjson
 from blake3 import blake3
 
 from tiny import layout, limits
+from tiny.committed_sizes import SizeTable, SizeTableError
 from tiny.transaction import immediate
 
 log = logging.getLogger("tiny.journal")
@@ -108,6 +123,7 @@ _NEWEST = f"SELECT key, seq, stored FROM {_TABLE} ORDER BY seq DESC LIMIT 1"
 _LIVE, _FINISHED, _UNDONE = b"I", b"-", b"x"  # the intent's first byte: under way, committed, undone
 _RECOUNT_EVERY = 64  # commits between two readings of the oldest key (``held``; others expire too)
 _HOLDER_AT = 64  # the lock file: the data dir's id on its first line, the holder's record from here
+_HOLDER_BYTES = 128  # the holder's record: "pid host time", padded, one pwrite
 _POLL_FIRST, _POLL_MAX = 0.0002, 0.002  # seconds between two tries of a busy lock, doubling
 _UNLOCKED_INTENT_BYTES = 1 << 16  # an intent longer than this is read under the lock
 _CLOCK_SLACK = 3600.0  # seconds of clock difference between hosts the history check tolerates
@@ -120,6 +136,13 @@ class JournalError(Exception):
 
 class LockTimeout(JournalError):
     """Another writer held the data dir's flush lock longer than ``lock_timeout``."""
+
+
+class LockLost(JournalError):
+    """At its commit point a flush found that what it locked and wrote is no longer what the
+    data dir has (the lock or intent file replaced, its intent overwritten, a file of it cut or
+    written by someone else): it was not committed, and its files and intent are left as they
+    are for the next recovery, which holds the data dir's real lock."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +197,12 @@ class Flush:
         self._journal.intend(intents, self.first_key)
         self.intended = True
 
+    def confirm(self, files: Sequence[tuple[int, Intent]]) -> None:
+        """Right before the commit point: :class:`LockLost` unless the lock, the intent and the
+        files (descriptor, intent) are still as this flush left them (:meth:`Journal.confirm`)."""
+        if self.intended:
+            self._journal.confirm(files)
+
     def commit(self) -> None:
         """The data is written: store the flush's keys (the commit point of a flush with keys)."""
         self._journal.commit()
@@ -205,18 +234,21 @@ class Flush:
 
 
 class _Held:
-    """The flush lock, held: released on leaving the ``with`` block (see :meth:`Journal.locked`)."""
+    """The flush lock, held: released on leaving the ``with`` block (see :meth:`Journal.locked`):
+    the intent file's flock first, then the lock file's (so that whoever gets the lock file's
+    next finds the intent's free). The journal's current descriptors are released: opening may
+    replace them (a fresh journal) while the lock is held."""
 
-    __slots__ = ("_fd",)
+    __slots__ = ("_journal",)
 
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._journal._release()
 
 
 class _Found(JournalError):
@@ -262,7 +294,14 @@ class Journal:
         self._intent_fd = -1
         self._journal_inode = 0
         self._journal_file = str(layout.journal_path(self.data_dir))
-        self._holder = b""  # "<pid> <host> ", the start of this process's holder record
+        self._lock_file = str(layout.lock_path(self.data_dir))
+        self._intent_file = str(layout.intent_path(self.data_dir))
+        self._record = b""  # the intent record of this process's flush under way (confirm() compares)
+        self._intents: list[Intent] = []  # its files (finish() records their sizes after it)
+        self._token = ""  # this journal's opening, in every intent it writes: no two flushes write the same record
+        self._intents_written = 0
+        self._sizes: SizeTable | None = None  # the files' committed sizes (tiny.committed_sizes)
+        self._opening_deadline = 0.0  # time.monotonic() past which open() waits for no lock
         self._host = socket.gethostname()
         self._inserted = 0  # keys claim() inserted in the open transaction
         self._claimed: tuple[str, int] | None = None  # the last of them: (key, seq)
@@ -294,6 +333,7 @@ class Journal:
             except OSError as exc:
                 raise JournalError(f"cannot create the journal's folder {state}: {exc.strerror or exc}") from None
             self._lock_fd = _open_fd(layout.lock_path(self.data_dir), os.O_RDWR | os.O_CREAT)
+            self._opening_deadline = time.monotonic() + self.lock_timeout
             with self._locked_unchecked(self.lock_timeout):
                 try:
                     self._attach()
@@ -304,7 +344,7 @@ class Journal:
                         raise
                     self._start_fresh(found.what)
                 self._journal_inode = os.stat(layout.journal_path(self.data_dir)).st_ino
-                self._holder = b"%d %s " % (os.getpid(), self._host.encode()[:100])
+                self._token = f"{os.getpid()}-{os.urandom(6).hex()}"
         except sqlite3.Error as exc:
             self.close()
             raise JournalError(f"the journal {layout.journal_path(self.data_dir)} cannot be used: {exc}") from None
@@ -328,6 +368,9 @@ class Journal:
         if self._intent_fd >= 0:
             os.close(self._intent_fd)
             self._intent_fd = -1
+        if self._sizes is not None:
+            self._sizes.close()
+            self._sizes = None
 
     def _attach(self) -> None:
         """Open the existing journal after checking its identity, or create the first one (lock held)."""
@@ -381,6 +424,7 @@ class Journal:
             self._intent_fd = _open_fd(intent_path, os.O_RDWR)
         except JournalError:
             raise _Found(f"the intent file {intent_path} is missing: an unfinished flush may not be undone") from None
+        self._acquire(self._intent_fd, self._opening_deadline, fence=True)
         mode = meta.get("journal_mode", b"").decode()
         if mode != self.mode:
             self._close_files()
@@ -394,7 +438,9 @@ class Journal:
         self.digest_key = bytes(meta["digest_key"])
         newest = self.db.execute(_NEWEST).fetchone()
         self.last = (newest[0], newest[1], newest[2]) if newest else None
-        self._check_history(intent_path)
+        committed = self._check_history(intent_path)
+        self._open_sizes(identity, tracked="sizes" in meta)
+        self._check_sizes(committed)
 
     def _connect_meta(self, journal_path: Path) -> dict[str, bytes]:
         """Open the existing database (never creating it); its meta rows (none: not our format)."""
@@ -436,14 +482,18 @@ class Journal:
                     ("journal_mode", self.mode.encode()),
                     ("digest_key", os.urandom(32)),
                     ("created", datetime.now(UTC).isoformat().encode()),
+                    ("sizes", b"1"),
                 ],
             )
         # Into the database file itself: the id then survives a -wal lost later, which the
         # history check (the newest key an intent vouches for) reports instead.
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self._intent_fd = _open_fd(layout.intent_path(self.data_dir), os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        fcntl.flock(self._intent_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: nobody else holds it
+        self._sizes = SizeTable.create(str(layout.sizes_path(self.data_dir)), dir_id)
         os.ftruncate(self._lock_fd, 0)
         os.pwrite(self._lock_fd, dir_id.encode().ljust(_HOLDER_AT - 1) + b"\n", 0)
+        self._write_holder()
         if self.fsync:
             os.fsync(self._intent_fd)
             os.fsync(self._lock_fd)
@@ -471,6 +521,7 @@ class Journal:
         self._lock_fd = _open_fd(layout.lock_path(self.data_dir), os.O_RDWR | os.O_CREAT)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)  # new and ours: nobody else can know it yet
         os.close(old_lock)  # releases the old one
+        self._write_holder()
         identity = _read_identity(layout.identity_path(self.data_dir))
         self.dir_id = None
         self._init(identity or uuid.uuid4().hex)
@@ -490,13 +541,14 @@ class Journal:
         self._cut_back(intents)
         log.warning("undid an unfinished flush: %s", ", ".join(i.name for i in intents))
 
-    def _check_history(self, intent_path: Path) -> None:
+    def _check_history(self, intent_path: Path) -> list[Intent]:
         """The journal holds what the intent vouches for, and the files hold what the last
-        committed flush wrote; _Found otherwise (see :meth:`open`)."""
+        committed flush wrote; _Found otherwise (see :meth:`open`). Returns the files of that
+        flush when it is known committed (their sizes after it are committed sizes)."""
         record = os.pread(self._intent_fd, 1 << 24, 0)
         parsed = _parse_intent(record) if record else None
         if parsed is None:
-            return
+            return []
         first_key, intents, last = parsed
         if last is not None:
             key, seq, stored = last
@@ -508,7 +560,7 @@ class Journal:
                     "UTC: it lost commits (its -wal deleted, or the journal restored from an older copy)"
                 )
         if record[:1] != _FINISHED or (first_key is not None and not self._stored(first_key)):
-            return
+            return []
         for intent in intents:
             size = _size(self.data_dir / intent.name)
             if intent.size_after is not None and size < intent.size_after:
@@ -517,6 +569,53 @@ class Journal:
                     f"{intent.size_after} the last committed flush left (per {intent_path}): the files are "
                     "older than the journal (restored, or copied while a server wrote), or were cut by hand"
                 )
+        return [intent for intent in intents if intent.size_after is not None]
+
+    # -- the files' committed sizes -----------------------------------------------------------
+
+    def _open_sizes(self, dir_id: str, tracked: bool) -> None:
+        """Open the files' committed sizes (tiny.committed_sizes); a journal that never had
+        them (an earlier format) gets an empty table now. _Found when a journal that has them
+        finds the table missing, damaged or another data dir's. Lock held."""
+        path = str(layout.sizes_path(self.data_dir))
+        try:
+            if not tracked:
+                self._sizes = SizeTable.create(path, dir_id)
+                with immediate(self.db):
+                    self.db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('sizes', ?)", (b"1",))
+                return
+            self._sizes = SizeTable.open(path, dir_id)
+        except SizeTableError as exc:
+            raise _Found(
+                f"the files' committed sizes {exc}: the journal cannot tell whether acknowledged rows are gone"
+            ) from None
+        except OSError as exc:
+            raise JournalError(f"cannot use the files' committed sizes {path}: {exc.strerror or exc}") from None
+
+    def _check_sizes(self, committed: list[Intent]) -> None:
+        """Every file is at least as long as the journal knows was committed to it (_Found
+        naming the file and the bytes missing otherwise); then the sizes of the last committed
+        flush are recorded (its writer may have died before it recorded them). Lock held."""
+        assert self._sizes is not None
+        try:
+            recorded = self._sizes.items()
+        except OSError as exc:
+            raise JournalError(f"cannot read the files' committed sizes {self._sizes.path}: {exc}") from None
+        for name, size in recorded.items():
+            found = _size(self.data_dir / name)
+            if found < size:
+                raise _Found(self._shorter(name, found, size))
+        self._record_sizes(committed)
+
+    def _shorter(self, name: str, found: int, committed: int) -> str:
+        what = "is missing" if found < 0 else f"is {found} bytes"
+        return (
+            f"{self.data_dir / name} {what}: {committed - max(found, 0)} bytes shorter than the {committed} "
+            f"that the journal knows were committed to it ({layout.sizes_path(self.data_dir)}): acknowledged "
+            "rows are gone (the file cut, replaced or deleted by hand, an older copy restored, or the data dir "
+            "copied file by file while a server wrote to it: `tiny-admin backup` copies a live one). Restore the "
+            "file"
+        )
 
     # -- the lock --------------------------------------------------------------------------
 
@@ -524,66 +623,95 @@ class Journal:
         """Take the data dir's flush lock (every writer of every process takes it); use as
         ``with journal.locked(): ...``, which releases it.
 
-        Waits at most ``timeout`` (default ``lock_timeout``) seconds, then raises
-        :class:`LockTimeout` naming the holder; once held, checks that the lock, intent and
-        journal files are the ones this journal opened (JournalError otherwise) and records
-        this process as the holder."""
-        self._acquire(self.lock_timeout if timeout is None else timeout)
+        Waits at most ``timeout`` (default ``lock_timeout``) seconds in all, then raises
+        :class:`LockTimeout` naming the holder. The lock is two flocks, taken in this order:
+        the lock file's, whose holder writes its record into it at once (pid, host, time:
+        :meth:`holder`); then the intent file's, the fence of a flush under way: a writer that
+        still holds an intent after its lock file was replaced (paused, then resumed) keeps
+        every other writer from recovering or overwriting that flush until it ends. Once both
+        are held, checks that the lock, intent and journal files are the ones this journal
+        opened (JournalError otherwise)."""
+        deadline = time.monotonic() + (self.lock_timeout if timeout is None else timeout)
+        self._acquire(self._lock_fd, deadline)
         try:
+            self._write_holder()
+            self._acquire(self._intent_fd, deadline, fence=True)
             self._check_files()
             self._check_journal()
-            os.pwrite(self._lock_fd, self._holder + b"%.3f\n" % time.time(), _HOLDER_AT)
         except BaseException:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            self._release()
             raise
-        return _Held(self._lock_fd)
+        return _Held(self)
 
     def _locked_unchecked(self, timeout: float) -> _Held:
-        """The lock, before the files it would check are known (opening)."""
-        self._acquire(timeout)
-        return _Held(self._lock_fd)
+        """The lock file's flock, before the files it would check are known (opening); the
+        intent's is taken as soon as its file is open (:meth:`_attach`)."""
+        self._acquire(self._lock_fd, time.monotonic() + timeout)
+        try:
+            self._write_holder()
+        except BaseException:
+            self._release()
+            raise
+        return _Held(self)
 
-    def _acquire(self, timeout: float) -> None:
+    def _release(self) -> None:
+        for fd in (self._intent_fd, self._lock_fd):
+            if fd >= 0:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _write_holder(self) -> None:
+        """Record this process as the holder, in the lock file it now holds (one pwrite)."""
+        record = b"%d %s %.3f" % (os.getpid(), self._host.encode()[:100], time.time())
+        os.pwrite(self._lock_fd, record.ljust(_HOLDER_BYTES - 1) + b"\n", _HOLDER_AT)
+
+    def _acquire(self, fd: int, deadline: float, fence: bool = False) -> None:
         # A blocking flock cannot be given a timeout (nor interrupted on a thread that is not
         # the main one), so a busy lock is polled: every 0.2 ms at first, then every 2 ms.
         try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             pass
         started = time.monotonic()
-        deadline = min(started + timeout, self.give_up_at)
+        deadline = min(deadline, self.give_up_at)
         pause = _POLL_FIRST
-        self.waiting_for = self.holder()
+        self.waiting_for = self._waiting_for(fence)
         self.waiting_since = started
         noted = started
         try:
             while True:
                 time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
                 try:
-                    fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     return
                 except BlockingIOError:
                     pass
                 if time.monotonic() - noted > 0.5:
-                    self.waiting_for, noted = self.holder(), time.monotonic()
+                    self.waiting_for, noted = self._waiting_for(fence), time.monotonic()
                 if time.monotonic() >= min(deadline, self.give_up_at):
                     raise LockTimeout(
                         f"the data dir's flush lock {layout.lock_path(self.data_dir)} was not free within "
-                        f"{timeout:g} s: {self.holder()}"
+                        f"{time.monotonic() - started:.1f} s: {self._waiting_for(fence)}"
                     )
                 pause = min(2 * pause, _POLL_MAX)
         finally:
             self.waiting_since = 0.0
 
+    def _waiting_for(self, fence: bool) -> str:
+        if not fence:
+            return self.holder()
+        return (
+            f"its intent file {layout.intent_path(self.data_dir)} is held by a writer that does not hold "
+            f"the lock file: the lock file was deleted or replaced while that writer was in a flush "
+            f"(a paused process or container); nothing can be written until it ends ({_flock_holders(self._intent_fd)})"
+        )
+
     def holder(self) -> str:
         """Who holds (or last held) the flush lock, and since when, as its holder recorded it."""
         try:
-            fields = os.pread(self._lock_fd, 256, _HOLDER_AT).split()
-            pid, host, since = int(fields[0]), fields[1].decode(errors="replace"), float(fields[2])
-        except (OSError, ValueError, IndexError):
+            return _describe_holder(os.pread(self._lock_fd, _HOLDER_BYTES, _HOLDER_AT))
+        except OSError:
             return "its holder is unknown"
-        return f"held by pid {pid} on {host} since {time.time() - since:.1f} s"
 
     def _check_files(self) -> None:
         """The lock and intent files are still linked where this journal opened them: one
@@ -650,6 +778,7 @@ class Journal:
                 )
         if committed:
             self._mark(_FINISHED)
+            self._record_sizes(intents)
             return 0
         self._cut_back(intents)
         log.warning("recovered from an unfinished flush: %s", ", ".join(i.name for i in intents))
@@ -752,15 +881,73 @@ class Journal:
 
     def intend(self, intents: list[Intent], first_key: str | None = None) -> None:
         """Record the files a flush is about to append to, the first key it will commit (one
-        :meth:`claim` inserted), and the newest key committed before it. Lock held."""
+        :meth:`claim` inserted), the newest key committed before it, and a token no other
+        flush writes. First, each file must be at least as long as the journal knows was
+        committed to it (_Found, naming the file and the bytes missing, otherwise: the flush
+        writes nothing). Lock held."""
+        self._check_committed(intents)
+        self._intents_written += 1
         files = [[i.name, i.size_before, i.size_after, int(i.created)] for i in intents]
-        payload = orjson.dumps([first_key, files, list(self.last) if self.last else None])
+        token = f"{self._token}-{self._intents_written}"
+        payload = orjson.dumps([first_key, files, list(self.last) if self.last else None, token])
         record = _LIVE + len(payload).to_bytes(4, "big") + zlib.crc32(payload).to_bytes(4, "big") + payload
+        self._record, self._intents = record, intents
         written = os.pwrite(self._intent_fd, record, 0)
         if written != len(record):  # a short write (disk full): the flush fails, its caller rolls back
             raise OSError(f"the intent was written short ({written} of {len(record)} bytes)")
         if self.fsync:
             os.fsync(self._intent_fd)
+
+    def _check_committed(self, intents: list[Intent]) -> None:
+        if self._sizes is None:
+            return
+        for intent in intents:
+            committed = self._sizes.known(intent.name)
+            if intent.size_before < committed:
+                raise _Found(self._shorter(intent.name, -1 if intent.created else intent.size_before, committed))
+
+    def _record_sizes(self, intents: list[Intent]) -> None:
+        """The files of a committed flush are committed up to their sizes after it. A failure
+        (a disk refusing a new slot) leaves the table lower: a weaker check, never a false one;
+        the flush stays committed."""
+        if self._sizes is None:
+            return
+        try:
+            for intent in intents:
+                if intent.size_after is not None:
+                    self._sizes.record(intent.name, intent.size_after)
+        except OSError as exc:
+            log.error("could not record the committed sizes of a flush (%s): %s", self._sizes.path, exc)
+
+    def confirm(self, files: Sequence[tuple[int, Intent]]) -> None:
+        """Right before a flush's commit point: raise :class:`LockLost` unless the lock file
+        this journal holds is still linked (deleted, or replaced by a rename, it has no link
+        left), the intent still holds this flush's record (its token makes it unique), and
+        each file of the flush (``files``: its descriptor and intent) is still linked and
+        exactly as long as the flush left it. A writer paused in a flush and resumed after its
+        lock file was replaced must not commit: another writer may have taken the new lock
+        meanwhile. (An intent file replaced meanwhile is harmless to this flush: no other
+        writer can know its intent, so none can cut it; the next flush's lock refuses that
+        file.) One fstat per file, one pread. Lock held."""
+        changed = None
+        if os.fstat(self._lock_fd).st_nlink == 0:
+            changed = f"the lock file {self._lock_file} was deleted or replaced"
+        elif os.pread(self._intent_fd, len(self._record), 0) != self._record:
+            changed = f"the intent file {self._intent_file} holds another flush's record"
+        else:
+            for fd, intent in files:
+                stat = os.fstat(fd)
+                if stat.st_nlink == 0 or stat.st_size != intent.size_after:
+                    changed = (
+                        f"{self.data_dir / intent.name} is {stat.st_size} bytes"
+                        f"{'' if stat.st_nlink else ' and deleted'}, not the {intent.size_after} this flush left"
+                    )
+                    break
+        if changed is not None:
+            raise LockLost(
+                f"a flush was not committed: {changed} while it ran (another writer may have taken the lock "
+                "and recovered it); nothing of it is kept"
+            )
 
     def commit(self) -> None:
         """The flush's data is written: commit the keys :meth:`claim` inserted (the commit
@@ -811,11 +998,15 @@ class Journal:
 
     def finish(self) -> None:
         """Mark the intent committed: the commit point of a flush without keys (one with keys
-        is committed already: recovery keeps its files). Lock held."""
+        is committed already: recovery keeps its files); then record the sizes its files have
+        after it as committed (tiny.committed_sizes). Lock held."""
         self._mark(_FINISHED)
+        intents, self._intents = self._intents, []
+        self._record_sizes(intents)
 
     def abandon(self) -> None:
         """Mark the intent undone: the caller has cut the flush's files back. Lock held."""
+        self._intents = []
         self._mark(_UNDONE)
 
     def _mark(self, state: bytes) -> None:
@@ -930,6 +1121,81 @@ def _read_identity(path: Path) -> str | None:
 
 def _pending(identity_path: Path) -> Path:
     return identity_path.with_name(identity_path.name + ".new")
+
+
+def _describe_holder(record: bytes) -> str:
+    try:
+        fields = record.split()
+        pid, host, since = int(fields[0]), fields[1].decode(errors="replace"), float(fields[2])
+    except (ValueError, IndexError):
+        return "its holder is unknown"
+    return f"held by pid {pid} on {host} since {time.time() - since:.1f} s"
+
+
+def lock_held_past(data_dir: Path, seconds: float) -> str | None:
+    """Whether another process holds the data dir's flush lock now, by its holder's record for
+    longer than ``seconds``, or holds the intent's flock without the lock (the fence of a
+    writer whose lock file was replaced): then who and since when; else None. Never waits
+    (non-blocking tries on descriptors of its own, released at once; a few system calls): for
+    /healthz on the event loop, which must see a lock held elsewhere while no request of its
+    own waits. A record of this process (its own sink in a flush) is not reported here."""
+    try:
+        fd = os.open(layout.lock_path(data_dir), os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None  # no lock file: the journal's own checks say so
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fields = os.pread(fd, _HOLDER_BYTES, _HOLDER_AT).split()
+            try:
+                since = float(fields[2])
+            except (ValueError, IndexError):
+                since = 0.0  # no record: held, by whom is not known
+            mine = fields[:1] == [str(os.getpid()).encode()] and fields[1:2] == [socket.gethostname().encode()[:100]]
+            if time.time() - since > seconds and not mine:
+                return (
+                    f"the data dir's flush lock {layout.lock_path(data_dir)} is {_describe_holder(b' '.join(fields))}"
+                )
+            return None
+        try:
+            return _fenced(data_dir)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _fenced(data_dir: Path) -> str | None:
+    """With the lock file's flock held: whether someone holds the intent's (a writer whose lock
+    file was replaced, still in its flush), and who; a non-blocking try, released at once."""
+    try:
+        fd = os.open(layout.intent_path(data_dir), os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return (
+            f"the intent file {layout.intent_path(data_dir)} is held by a writer that does not hold the lock file "
+            f"(it was replaced while that writer was in a flush; {_flock_holders(fd)})"
+        )
+    finally:
+        os.close(fd)  # (closing releases a flock taken on it)
+    return None
+
+
+def _flock_holders(fd: int) -> str:
+    """The pids /proc/locks names as holding a flock on the file of ``fd`` (for a refusal's message)."""
+    try:
+        stat = os.fstat(fd)
+        device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            pids = sorted({f.split()[4] for f in locks if f.split()[1:2] == ["FLOCK"] and device in f.split()})
+    except (OSError, IndexError):
+        return "its pid is unknown"
+    others = [pid for pid in pids if pid != str(os.getpid())]
+    return f"held by pid {', '.join(others)}" if others else "its pid is unknown"
 
 
 def _lock_id(fd: int) -> str:

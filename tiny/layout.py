@@ -5,8 +5,9 @@
 - ``rejects/YYYY-MM-DD.ndjson``: the refused lines of requests received that UTC day
   (:mod:`tiny.rejects` renders them).
 - ``.tiny/``: the journal (:mod:`tiny.journal`): ``lock``, the flush lock every writer takes;
-  ``intent``, the flush under way (marked finished between flushes); and ``journal.sqlite3`` (with
-  SQLite's ``-wal`` and ``-shm`` beside it), the idempotency keys.
+  ``intent``, the flush under way (marked finished between flushes); ``sizes``, the size each
+  file was committed up to; and ``journal.sqlite3`` (with SQLite's ``-wal`` and ``-shm`` beside
+  it), the idempotency keys.
 - ``.tiny/aggregates.sqlite3`` (and its ``-wal``, ``-shm``), ``aggregates.boot`` and
   ``aggregates.lock``: the live aggregates of the day files (tiny.aggregates, tiny.unsynced),
   a summary that is deleted and counted again from the files whenever it is not trusted.
@@ -82,6 +83,11 @@ def journal_path(data_dir: Path) -> Path:
 def intent_path(data_dir: Path) -> Path:
     """The intent of the flush under way: the files it appends to and their sizes before."""
     return state_dir(data_dir) / "intent"
+
+
+def sizes_path(data_dir: Path) -> Path:
+    """The committed size of every file a flush appended to (tiny.committed_sizes)."""
+    return state_dir(data_dir) / "sizes"
 
 
 def identity_path(data_dir: Path) -> Path:

@@ -14,9 +14,13 @@ DATA_DIR:
   are inserted in a transaction that commits only after the data), then records its intent
   (the files, their sizes before and after, the first new key), then writes each file it
   touches with ONE ``writev(2)`` of the appends' chunks (as they are: no join) on an
-  ``O_APPEND`` descriptor, then commits the keys' transaction (if any: the commit point)
-  and marks its intent committed (the commit point of a flush without keys). Killed at any
-  point, a flush leaves its rows and keys both, or neither.
+  ``O_APPEND`` descriptor, then checks that its lock, intent and files are still as it left
+  them (:meth:`~tiny.journal.Journal.confirm`), then commits the keys' transaction (if any:
+  the commit point) and marks its intent committed (the commit point of a flush without
+  keys). Killed at any point, a flush leaves its rows and keys both, or neither. A flush that
+  finds its lock or files changed before its commit point (:class:`~tiny.journal.LockLost`:
+  its lock file replaced while it was paused) commits nothing and cuts nothing: another
+  writer may hold the data dir's lock now, and the next recovery under it cuts the flush.
 - Which append writes and which is answered from a stored answer is the journal's to say
   (:meth:`~tiny.journal.Journal.begin`: per key, the first append of a flush decides). An
   append that writes nothing resolves to the :class:`~tiny.journal.Stored` digest and answer,
@@ -35,7 +39,10 @@ DATA_DIR:
   the flush's rows: bytes the sink did not write are never removed.
 - Bounds: a flush opens at most ``max_files`` files at once and holds at most
   :data:`MAX_FLUSH_APPENDS` appends (a group commit past either is split in order; one append
-  always goes whole); it waits at most the lock timeout for the lock.
+  always goes whole). Each append waits for the lock at most the lock timeout from when it
+  was queued, whatever waited before it (an earlier group, a /healthz probe): a flush waits
+  until the first deadline of its appends; those past it get SinkError, the others are
+  flushed again, ahead of anything newer, until their own.
 - :meth:`DailyFileSink.append` returns a future that resolves once the flush committed
   (``fsync``: after the data, the directories of new files and the commit reached the disk),
   or fails with :class:`SinkError`. A 200 is sent only then.
@@ -54,14 +61,27 @@ import logging
 import os
 import random
 import signal
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from sqlite3 import Error as SQLiteError
 
 from tiny import layout, limits
-from tiny.journal import Claim, Flush, Intent, Journal, JournalError, LockTimeout, Stored, fsync_dir
+from tiny.journal import (
+    Claim,
+    Flush,
+    Intent,
+    Journal,
+    JournalError,
+    LockLost,
+    LockTimeout,
+    Stored,
+    fsync_dir,
+    lock_held_past,
+)
 from tiny.profiling import profile
 
 log = logging.getLogger("tiny.sink")
@@ -73,7 +93,8 @@ _IOV_MAX = 1024  # buffers one writev(2) takes (Linux's IOV_MAX)
 _APPEND = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC  # how a flush opens its files (RDWR: the last byte is read)
 _REOPEN_SECONDS = 1.0  # a journal that failed to open is tried again at most this often
 _STOPPING = "the server is stopping"
-_WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for the lock before /healthz reports it
+_WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for (or another's holding of) the lock before /healthz reports it
+_DEADLINE_SLACK = 0.05  # an append this close to its lock deadline fails with the flush that timed out
 
 
 class SinkError(Exception):
@@ -103,17 +124,24 @@ def _write_fully(fd: int, parts: list[bytes]) -> None:
 
 
 class _Append:
-    """One :meth:`DailyFileSink.append`: its chunks, claim, size and the future that answers it."""
+    """One :meth:`DailyFileSink.append`: its chunks, claim, size, the future that answers it,
+    and the time.monotonic() past which it waits for the flush lock no longer."""
 
-    __slots__ = ("chunks", "claim", "size", "waiter")
+    __slots__ = ("chunks", "claim", "deadline", "size", "waiter")
 
     def __init__(
-        self, chunks: Mapping[str, bytes], claim: Claim | None, size: int, waiter: asyncio.Future[Stored | None]
+        self,
+        chunks: Mapping[str, bytes],
+        claim: Claim | None,
+        size: int,
+        waiter: asyncio.Future[Stored | None],
+        deadline: float,
     ) -> None:
         self.chunks = chunks
         self.claim = claim
         self.size = size
         self.waiter = waiter
+        self.deadline = deadline
 
 
 def _groups(appends: list[_Append], max_files: int, max_appends: int = MAX_FLUSH_APPENDS) -> list[list[_Append]]:
@@ -253,13 +281,15 @@ class DailyFileSink:
 
     def trouble(self) -> str | None:
         """Why writes fail or wait now (for /healthz), or None: a wait of more than a second
-        for the flush lock (and who holds it), or the reason the last flush failed."""
+        for the flush lock (and who holds it), the reason the last flush failed, or the lock
+        held by another process for more than a second, seen by a try that never waits
+        (tiny.journal.lock_held_past) whether or not a request of this process waits for it."""
         waiting = self.journal.waiting_since
         if waiting and time.monotonic() - waiting > _WAIT_REPORTED_AFTER:
             return (
                 f"waiting {time.monotonic() - waiting:.1f} s for the data dir's flush lock, {self.journal.waiting_for}"
             )
-        return self.fault
+        return self.fault or lock_held_past(self.data_dir, _WAIT_REPORTED_AFTER)
 
     def digest(self, body: bytes) -> bytes:
         """The journal's digest of a body (any thread; after :meth:`ready`)."""
@@ -283,7 +313,7 @@ class DailyFileSink:
             raise BacklogFull(f"{self._backlog} bytes are waiting for the disk")
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Stored | None] = loop.create_future()
-        self._pending.append(_Append(chunks, claim, size, waiter))
+        self._pending.append(_Append(chunks, claim, size, waiter, time.monotonic() + self.journal.lock_timeout))
         self._backlog += size
         if self._flushing is None:
             self._flushing = loop.create_task(self._flush_loop())
@@ -305,25 +335,42 @@ class DailyFileSink:
                 await self._flush([])
             while self._pending:
                 pending, self._pending = self._pending, []
-                for group in _groups(pending, self.max_files):
-                    if not await self._flush(group) and len(group) > 1:
+                queue = deque(_groups(pending, self.max_files))
+                while queue:
+                    group = queue.popleft()
+                    left = await self._flush(group)
+                    if left is None:
                         # One append's failure (a day file the disk refuses) must not fail the
                         # others: each is written on its own now, in order.
-                        for append in group:
-                            await self._flush([append])
+                        queue.extendleft([append] for append in reversed(group))
+                    elif left:
+                        # The lock was not free by the first deadline of the group: the appends
+                        # whose own deadline is still ahead wait on, before anything newer.
+                        self._pending[:0] = [*left, *(append for rest in queue for append in rest)]
+                        break
         finally:
             self._flushing = None
 
-    async def _flush(self, group: list[_Append]) -> bool:
-        """Write ``group`` in one flush, all or nothing. Returns False when it failed and is
-        left to retry append by append (a file failure in a group of several); otherwise
-        every append of it is answered (with SinkError when it failed)."""
+    async def _flush(self, group: list[_Append]) -> list[_Append] | None:
+        """Write ``group`` in one flush, all or nothing. Returns None when it failed and is
+        left to retry append by append (a file failure in a group of several); the appends
+        still within their lock deadline when the lock was not free by the group's first
+        (they are flushed again, each waiting at most until its own); otherwise [] and every
+        append of it is answered (with SinkError when it failed)."""
         size = sum(append.size for append in group)
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        answered = True
+        left: list[_Append] | None = []
         try:
             results = await loop.run_in_executor(self._executor, self._write_group, group)
+        except LockTimeout as exc:
+            late = time.monotonic() + _DEADLINE_SLACK
+            if late >= self.journal.give_up_at:  # stopping: no wait goes on
+                late = float("inf")
+            left = [append for append in group if append.deadline > late]
+            log.error("flush of %d bytes (%d appends) refused: %s", size, len(group) - len(left), exc)
+            self._fail([append for append in group if append.deadline <= late], str(exc))
+            ok = False
         except JournalError as exc:  # the data dir as a whole: retrying each append would not help
             log.error("flush of %d bytes (%d appends) refused: %s", size, len(group), exc)
             self._fail(group, str(exc))
@@ -335,7 +382,7 @@ class DailyFileSink:
             if len(group) == 1:
                 self._fail(group, reason)
             else:
-                answered = False
+                left = None
             ok = False
         else:
             self.fault = None
@@ -343,7 +390,7 @@ class DailyFileSink:
             ok = True
         if self._on_flush is not None and group:  # not for a probe
             self._on_flush(time.perf_counter() - started, size, ok)
-        return answered
+        return left
 
     def _answer(self, group: list[_Append], results: list[Stored | None]) -> None:
         for append, result in zip(group, results, strict=True):
@@ -369,8 +416,11 @@ class DailyFileSink:
                 if time.monotonic() - self._open_tried < _REOPEN_SECONDS and self.fault:
                     raise JournalError(self.fault)
                 self._open_on_thread()
+            # Each append waits for the lock at most lock_timeout from when it was queued, whatever
+            # waited before it (an earlier group, a /healthz probe, a committed-sizes read).
+            timeout = min((append.deadline for append in group), default=time.monotonic() + self.journal.lock_timeout)
             try:
-                with self.journal.locked():
+                with self.journal.locked(max(0.0, timeout - time.monotonic())):
                     return self._write_locked(group)
             except LockTimeout:
                 raise
@@ -394,7 +444,14 @@ class DailyFileSink:
             try:
                 self._write_files(pending, flush, opened)
                 self._crash("after-writes")
+                flush.confirm(opened)  # the lock, the intent and the files still this flush's
                 flush.commit()
+            except LockLost:
+                # Another writer may hold the data dir's lock now and may have written after
+                # these files: nothing is cut here; the next recovery, under that lock, does it.
+                flush.abort()
+                self._repair = True
+                raise
             except BaseException:
                 flush.abort()
                 self._roll_back(opened, flush)  # before any answer: a SinkError keeps nothing
@@ -494,7 +551,9 @@ class DailyFileSink:
                 "stopping" if self._crash_signal == signal.SIGSTOP else "killing",
                 point,
             )
-            os.kill(os.getpid(), self._crash_signal)
+            # To this thread, not the process: a signal sent to the process is taken by its main
+            # thread, and this one went on (and finished the flush) until the stop reached it.
+            signal.pthread_kill(threading.get_ident(), self._crash_signal)
 
     async def close(self, timeout: float = limits.DRAIN_TIMEOUT) -> bool:
         """Write everything still pending within ``timeout`` seconds (the lock waited for at

@@ -14,8 +14,9 @@ from tiny.handlers.base import APIError, JSONHandler
 class HealthHandler(JSONHandler):
     """``GET /healthz``: 200 ``{"status": "ok", "instance": ...}``; 503 with ``"status":
     "draining"`` while shutting down, or ``"failing"`` and the ``reason`` while writes fail or
-    wait (the journal refused, the flush lock held by another process for over a second, the
-    last flush failed): whatever would make a POST answer 503 now."""
+    wait (the journal refused, the flush lock held by another process for over a second,
+    whether or not a request of this worker waits for it, the last flush failed): whatever
+    would make a POST answer 503 now. Never blocks the event loop (tiny.sink ``trouble``)."""
 
     name = "healthz"
 

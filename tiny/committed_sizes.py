@@ -1,0 +1,143 @@
+"""Per data file, the size below which the journal knows every byte was committed: ``.tiny/sizes``.
+
+A day file shorter than what was committed to it has lost acknowledged rows (cut or replaced by
+hand, an older copy restored, a data dir copied file by file while a server wrote to it), and
+the keys of those rows would answer their retries "replayed". The journal (tiny.journal)
+therefore keeps, for every file a flush ever appended to, the size that flush left once it was
+committed, and compares: every file at open, and each flush's files before it writes (against
+the size the flush fstat'ed anyway). This module is that table, and nothing else.
+
+The file is a row of 64-byte slots, each one ``pwrite`` at an offset that is a multiple of 64
+(so within one disk sector): slot 0 is the header (``TINYSIZE``, the format, the data dir's
+id); every other slot holds one file's name (relative to the data dir, at most
+:data:`MAX_NAME` bytes), its size, and a CRC-32 of both. A flush rewrites the slot of each
+file it committed (one ``pwrite``); a file seen for the first time gets a new slot at the end.
+Every write comes after the commit point of the flush it records, so a slot never says more
+than what was committed: a crash before the write leaves the slot lower (a weaker check, never
+a false refusal). A slot that fails its CRC is ignored; a name found in two slots counts with
+the larger size. Readers and writers hold the data dir's flush lock.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+SLOT = 64
+MAX_NAME = 48
+_MAGIC = b"TINYSIZE1 "
+_BODY = SLOT - 8  # the bytes the CRC covers: the name (or the header) and the size
+
+
+class SizeTableError(Exception):
+    """The table cannot be used as found (missing, damaged, another data dir's); the message says which."""
+
+
+def _slot(body: bytes) -> bytes:
+    return body + zlib.crc32(body).to_bytes(4, "big") + b"\0\0\0\0"
+
+
+def _body(slot: bytes) -> bytes | None:
+    """The CRC-checked first 56 bytes of a slot; None when torn."""
+    if len(slot) != SLOT or zlib.crc32(slot[:_BODY]).to_bytes(4, "big") != slot[_BODY : _BODY + 4]:
+        return None
+    return slot[:_BODY]
+
+
+class SizeTable:
+    """The committed sizes of one data dir's files (see the module docstring). Open it with
+    :meth:`open` or :meth:`create`; every call but those expects the flush lock held."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+        self._slots: dict[str, tuple[int, bytes]] = {}  # name -> its slot's offset and padded name
+        self._count = 1  # slots read so far (the header is slot 0)
+
+    @classmethod
+    def create(cls, path: str, dir_id: str) -> SizeTable:
+        """A new, empty table for data dir ``dir_id`` at ``path`` (replacing any file there)."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.pwrite(fd, _slot((_MAGIC + dir_id.encode()).ljust(_BODY, b"\0")), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd)
+
+    @classmethod
+    def open(cls, path: str, dir_id: str) -> SizeTable:
+        """The table at ``path``; SizeTableError when it is missing, damaged or of another data dir."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SizeTableError(f"{path} is missing") from None
+        table = cls(path, fd)
+        try:
+            header = _body(os.pread(fd, SLOT, 0))
+            if header is None or not header.startswith(_MAGIC):
+                raise SizeTableError(f"{path} is damaged (its header is not this format's)")
+            found = header[len(_MAGIC) :].rstrip(b"\0").decode(errors="replace")
+            if found != dir_id:
+                raise SizeTableError(f"{path} belongs to data dir {found}, not to {dir_id}")
+            table._read_new_slots()
+        except BaseException:
+            table.close()
+            raise
+        return table
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _read_new_slots(self) -> dict[str, int]:
+        """Learn the slots appended since the last read (by any process: one pread of the
+        tail); returns the sizes they hold."""
+        start = self._count * SLOT
+        tail = os.pread(self._fd, max(os.fstat(self._fd).st_size - start, 0), start)
+        sizes: dict[str, int] = {}
+        for offset in range(0, len(tail) - SLOT + 1, SLOT):
+            body = _body(tail[offset : offset + SLOT])
+            if body is None:
+                continue
+            name, size = body[:MAX_NAME].rstrip(b"\0").decode(errors="replace"), int.from_bytes(body[MAX_NAME:], "big")
+            if size >= sizes.get(name, -1):
+                sizes[name] = size
+                self._slots[name] = (start + offset, body[:MAX_NAME])
+        self._count += len(tail) // SLOT
+        return sizes
+
+    def known(self, name: str) -> int:
+        """The size below which ``name`` is committed, as last recorded (0: never recorded).
+        One pread when this process knows the file's slot."""
+        slot = self._slots.get(name)
+        if slot is None:
+            self._read_new_slots()
+            slot = self._slots.get(name)
+            if slot is None:
+                return 0
+        found = os.pread(self._fd, _BODY + 4, slot[0])
+        if zlib.crc32(found[:_BODY]).to_bytes(4, "big") != found[_BODY:]:
+            return 0  # torn (a power loss in its write): not known
+        return int.from_bytes(found[MAX_NAME:_BODY], "big")
+
+    def record(self, name: str, size: int) -> None:
+        """``name`` is committed up to ``size`` (after the commit point; one pwrite). A name
+        longer than MAX_NAME bytes is not tracked (the sink writes day files and rejects only)."""
+        slot = self._slots.get(name)
+        if slot is None:
+            self._read_new_slots()
+            slot = self._slots.get(name)
+        if slot is None:
+            encoded = name.encode()
+            if len(encoded) > MAX_NAME:
+                return
+            slot = self._slots[name] = (self._count * SLOT, encoded.ljust(MAX_NAME, b"\0"))
+            self._count += 1
+        os.pwrite(self._fd, _slot(slot[1] + size.to_bytes(8, "big")), slot[0])
+
+    def items(self) -> dict[str, int]:
+        """Every file's recorded size (for the check at open): one read of the whole table."""
+        self._slots, self._count = {}, 1
+        return self._read_new_slots()
