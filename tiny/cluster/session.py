@@ -160,22 +160,50 @@ class Session:
         the server refused the statement (its transaction is then aborted, the connection
         usable)."""
         self.warnings = []
-        limit = self.timeouts.statement if seconds is None else seconds
-        if self._until is not None:
-            limit = min(limit, max(0.001, self._until - time.monotonic()))
-        self._watchdog.arm(self.conn.fileno(), limit)
+        self._watchdog.arm(self.conn.fileno(), self._limit(seconds))
         try:
             cursor = self.conn.execute(sql, params)  # type: ignore[arg-type]  # the log's own SQL, no user text
             rows = cursor.fetchall() if cursor.description is not None else []
         except psycopg.Error as exc:
-            fired = self._watchdog.disarm()
-            if fired or self.conn.broken or self.conn.closed:
-                self.close()
-                raise Lost(f"{'no answer within the bound' if fired else 'connection lost'}: {exc}") from exc
+            self._failed(exc)
             raise
         if self._watchdog.disarm():  # the deadline fired as the answer came: the answer stands, the socket is gone
             self.close()
         return rows
+
+    def run(self, statements: Sequence[tuple[str, Any]], seconds: float | None = None) -> list[list[tuple[Any, ...]]]:
+        """Send ``statements`` (each ``(sql, params)``) together in libpq's pipeline mode (one
+        round trip) and return each one's rows. Bounded as :meth:`execute`, for the whole. A
+        statement the server refuses raises its psycopg.Error, and the statements after it
+        were not run (the server skips them); Lost as :meth:`execute`."""
+        self.warnings = []
+        self._watchdog.arm(self.conn.fileno(), self._limit(seconds))
+        try:
+            with self.conn.pipeline() as pipeline:
+                cursors = [self.conn.cursor() for _ in statements]
+                for cursor, (sql, params) in zip(cursors, statements, strict=True):
+                    cursor.execute(sql, params)
+                pipeline.sync()
+                rows = [cursor.fetchall() if cursor.description is not None else [] for cursor in cursors]
+        except psycopg.Error as exc:
+            self._failed(exc)
+            raise
+        if self._watchdog.disarm():
+            self.close()
+        return rows
+
+    def _limit(self, seconds: float | None) -> float:
+        limit = self.timeouts.statement if seconds is None else seconds
+        if self._until is not None:
+            limit = min(limit, max(0.001, self._until - time.monotonic()))
+        return limit
+
+    def _failed(self, exc: psycopg.Error) -> None:
+        """After a statement raised: Lost if the connection is gone (or shut by its deadline)."""
+        fired = self._watchdog.disarm()
+        if fired or self.conn.broken or self.conn.closed:
+            self.close()
+            raise Lost(f"{'no answer within the bound' if fired else 'connection lost'}: {exc}") from exc
 
     @property
     def usable(self) -> bool:
