@@ -11,17 +11,20 @@ the fault, the cluster heals (the victim rejoins) and the whole log is read back
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from tests.cluster_support import NEEDS_CLUSTER, fresh_database
-from tiny.cluster.errors import OutcomeUnknown, Unavailable
+from tests.cluster_support import NEEDS_CLUSTER, eventually, fresh_database
+from tiny.cluster.errors import NotCommitted, OutcomeUnknown, Unavailable
 from tiny.cluster.log import Batch, CommitLog
 from tiny.cluster.session import Timeouts
 from tiny.journal import Claim
@@ -50,6 +53,7 @@ class Seen:
     unknown: list[bytes] = field(default_factory=list)  # unkeyed bodies left with "outcome unknown"
     retries: Counter[str] = field(default_factory=Counter)
     acks: list[float] = field(default_factory=list)  # monotonic times of each acknowledgement
+    crashes: list[str] = field(default_factory=list)  # what ended a writer or the follower unexpectedly
     longest_call: float = 0.0
     longest_unavailable: float = 0.0  # calls that found no primary
     bound: float = 0.0
@@ -87,6 +91,20 @@ def write(log: CommitLog, body: bytes, key: str | None, seen: Seen, stop: thread
                     seen.replayed.append(body)
                 return
         time.sleep(0.2)
+
+
+def guarded(target: Callable[..., None], seen: Seen) -> Callable[..., None]:
+    """``target``, with anything it raises recorded in ``seen.crashes`` (a thread's death is silent)."""
+
+    def run(*args: Any) -> None:
+        try:
+            target(*args)
+        except BaseException as exc:
+            with seen.lock:
+                seen.crashes.append(f"{target.__name__}: {exc!r}")
+            raise
+
+    return run
 
 
 def writer(dsn: str, i: int, seen: Seen, stop: threading.Event) -> None:
@@ -145,8 +163,8 @@ def under_load(cluster: PgCluster, fault: Callable[[], None], heal: Callable[[],
     dsn = fresh_database(cluster)
     read_all(dsn)  # creates the schema before the writers race for it
     seen, got, stop, reading = Seen(), [], threading.Event(), threading.Event()
-    threads = [threading.Thread(target=writer, args=(dsn, i, seen, stop)) for i in range(WRITERS)]
-    threads.append(threading.Thread(target=follower, args=(dsn, got, reading)))
+    threads = [threading.Thread(target=guarded(writer, seen), args=(dsn, i, seen, stop)) for i in range(WRITERS)]
+    threads.append(threading.Thread(target=guarded(follower, seen), args=(dsn, got, reading)))
     for thread in threads:
         thread.start()
     try:
@@ -165,10 +183,15 @@ def under_load(cluster: PgCluster, fault: Callable[[], None], heal: Callable[[],
         for thread in threads[:-1]:
             thread.join(90)
         heal()
-        time.sleep(1.5)
+        log = read_all(dsn)
+        deadline = time.monotonic() + 20
+        while len(got) < len(log) and time.monotonic() < deadline and threads[-1].is_alive():
+            time.sleep(0.1)  # the follower catches up
         reading.set()
         threads[-1].join(30)
-    return _check(seen, got, read_all(dsn), fault_at)
+    assert seen.crashes == []
+    assert len(got) == len(log)
+    return _check(seen, got, log, fault_at)
 
 
 def _acks_after(seen: Seen, moment: float) -> list[float]:
@@ -266,3 +289,42 @@ def test_a_primary_frozen_past_its_lease_then_resumed_loses_and_doubles_nothing(
 
     figures.update(under_load(cluster, fault, heal))
     assert any(leader not in (None, victim) for leader in during)  # promoted while it was frozen
+
+
+def test_a_commit_lost_with_a_primary_that_never_sent_it_is_settled_as_not_committed(
+    cluster: PgCluster, figures: dict[str, Any]
+) -> None:
+    """The primary's WAL senders frozen (its COMMIT waits for the standby), then the primary
+    killed: the new primary, on a new timeline, lacks the flush: not committed, and the retry
+    with the same key writes it."""
+    victim = cluster.wait_healthy(60)
+    dsn = fresh_database(cluster)
+    log = CommitLog(dsn, timeouts=Timeouts(commit=30, resolve=25))
+    log.open()
+    try:
+        key = Claim("k", log.digest(b"row\n"), b'{"ok":1}')
+        log.commit([({DAY: b"before\n"}, None)])
+        senders = [int(pid) for (pid,) in cluster.query(victim, "SELECT pid FROM pg_stat_replication") or []]
+        assert len(senders) == 2
+        for pid in senders:
+            os.kill(pid, signal.SIGSTOP)
+        with ThreadPoolExecutor(1) as pool:
+            lost = pool.submit(log.commit, [({DAY: b"row\n"}, key)])
+            eventually(lambda: cluster.query(victim, _WAITING), 5)  # COMMIT sent, waiting for a standby
+            killed = time.monotonic()
+            cluster.kill(victim)  # SIGKILL takes the frozen senders too: no standby ever got the flush
+            with pytest.raises(NotCommitted, match="not on the new primary") as raised:
+                lost.result(timeout=60)
+            settled = time.monotonic() - killed
+        assert cluster.primary() != victim
+        again = log.commit([({DAY: b"row\n"}, key)])
+        assert again.decisions == [None]  # the key was not kept either: written now, once
+    finally:
+        log.close()
+        cluster.restart(victim)
+        cluster.wait_healthy(90)
+    assert [b.files[DAY] for b in read_all(dsn)] == [b"before\n", b"row\n"]
+    figures.update(settled_after_s=round(settled, 1), message=str(raised.value)[:200])
+
+
+_WAITING = "SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'"

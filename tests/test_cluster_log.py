@@ -341,8 +341,8 @@ def test_no_primary_among_the_hosts_is_unavailable_within_the_connect_bound(clus
     assert 2 <= took <= Timeouts().connect * 3 + 1  # the silent host costs its connect_timeout, once
 
 
-def test_a_commit_that_the_standby_never_confirms_ends_within_its_bound_unknown(
-    open_log: Callable[..., CommitLog], cluster: PgCluster
+def test_a_commit_that_the_standby_never_confirms_ends_within_its_bound_unknown_and_uncancelled(
+    open_log: Callable[..., CommitLog], cluster: PgCluster, dsn: str
 ) -> None:
     log = open_log(timeouts=Timeouts(commit=2, resolve=1))
     with wal_receiver_stopped(cluster, str(cluster.sync_standby())):
@@ -350,8 +350,24 @@ def test_a_commit_that_the_standby_never_confirms_ends_within_its_bound_unknown(
         with pytest.raises(OutcomeUnknown):
             log.commit([({DAY: b"row\n"}, claim(log, "k", b"row\n"))])
         took = time.monotonic() - began
+        # not cancelled: its backend still waits for the standby, the flush visible nowhere
+        assert on_primary(dsn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'") == [(1,)]
+        assert on_primary(dsn, "SELECT count(*) FROM tiny.flushes") == [(0,)]
     assert 2 <= took <= 2 + 1 + Timeouts().connect * 3 + 1  # COMMIT's deadline, settling, one reconnect
     assert took <= log.bound
+    eventually(lambda: on_primary(dsn, "SELECT count(*) FROM tiny.flushes") == [(1,)], 10)  # it commits later
+
+
+def test_a_commit_past_its_deadline_is_settled_once_its_backend_commits(
+    open_log: Callable[..., CommitLog], cluster: PgCluster
+) -> None:
+    log = open_log(timeouts=Timeouts(commit=1, resolve=8))
+    with ThreadPoolExecutor(1) as pool:
+        with wal_receiver_stopped(cluster, str(cluster.sync_standby())):
+            late = pool.submit(log.commit, [({DAY: b"row\n"}, claim(log, "k", b"row\n"))])
+            time.sleep(2.5)  # COMMIT's deadline passed: settling, the old backend still waiting
+            assert not late.done()
+        assert late.result(timeout=10).decisions == [None]  # settled: its backend committed, the standby has it
 
 
 def test_a_statement_refused_before_commit_keeps_nothing(open_log: Callable[..., CommitLog], dsn: str) -> None:

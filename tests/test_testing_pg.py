@@ -21,6 +21,7 @@ def segments() -> set[int]:
 
 
 def test_a_cluster_starts_healthy_and_is_gone_after_a_failing_test(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """The harness's start (to healthy) and its stop after a test that froze one node, killed another and raised."""
     before = segments()
     with pytest.raises(RuntimeError, match="the test failed"), PgCluster(tmp_path) as cluster:
         primary, standby = cluster.primary(), cluster.sync_standby()
