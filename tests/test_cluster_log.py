@@ -285,6 +285,19 @@ def test_batches_are_kept_until_every_follower_seen_recently_applied_them(
     assert trimmed.value.oldest == 4
 
 
+def test_a_follower_reporting_past_the_head_trims_nothing_beyond_it(
+    open_log: Callable[..., CommitLog], dsn: str
+) -> None:
+    log = open_log()
+    for _ in range(3):
+        log.commit([({DAY: b"row\n"}, None)])
+    log.report("confused", 100)
+    assert log.retain().batches == 3
+    log.commit([({DAY: b"next\n"}, None)])
+    assert [b.files for b in log.read(3)] == [{DAY: b"next\n"}]
+    assert on_primary(dsn, "SELECT trimmed FROM tiny.retention") == [(3,)]
+
+
 def test_keys_expire_oldest_first_in_bounded_steps(open_log: Callable[..., CommitLog], dsn: str) -> None:
     log = open_log(window=1.0, max_keys=10_000)
     for n in range(25):
@@ -320,6 +333,25 @@ def test_a_role_that_cannot_see_the_standbys_positions_is_refused(open_log: Call
     on_primary(dsn, f"GRANT CREATE ON DATABASE {conninfo_to_dict(dsn)['dbname']} TO {role}")
     with pytest.raises(ClusterError, match="pg_read_all_stats"):
         open_log(dsn=with_params(dsn, user=role, password="plain"))
+
+
+def test_a_primary_that_names_no_synchronous_standby_is_refused_and_never_acknowledged(
+    open_log: Callable[..., CommitLog], cluster: PgCluster, dsn: str
+) -> None:
+    log = open_log(timeouts=Timeouts(resolve=1))
+    primary = str(cluster.primary())
+    cluster.query(primary, "ALTER SYSTEM SET synchronous_standby_names = ''")  # overrides Patroni's
+    try:
+        cluster.query(primary, "SELECT pg_reload_conf()")
+        eventually(lambda: on_primary(dsn, "SHOW synchronous_standby_names") == [("",)], 5)
+        with pytest.raises(OutcomeUnknown, match="no synchronous standby"):
+            log.commit([({DAY: b"row\n"}, None)])  # committed on the primary alone: not "written"
+        with pytest.raises(ClusterError, match="synchronous"):
+            open_log()
+    finally:
+        cluster.query(primary, "ALTER SYSTEM RESET synchronous_standby_names")
+        cluster.query(primary, "SELECT pg_reload_conf()")
+    eventually(lambda: on_primary(dsn, "SHOW synchronous_standby_names") != [("",)], 5)
 
 
 def test_no_primary_among_the_hosts_is_unavailable_within_the_connect_bound(cluster: PgCluster, tmp_path: Path) -> None:

@@ -83,9 +83,12 @@ _POSITION = """
 WITH h AS (UPDATE tiny.head SET position = position + %(step)s, keys = keys + %(new)s RETURNING position)
 INSERT INTO tiny.flushes (flush_id, position, bytes)
 SELECT %(flush)s, CASE WHEN %(step)s = 1 THEN h.position END, %(bytes)s FROM h
-RETURNING position
+RETURNING position, current_setting('synchronous_standby_names') <> ''
 """
-_REPLAY_ONLY = "INSERT INTO tiny.flushes (flush_id, position, bytes) VALUES (%s, NULL, 0)"
+_REPLAY_ONLY = """
+INSERT INTO tiny.flushes (flush_id, position, bytes) VALUES (%s, NULL, 0)
+RETURNING position, current_setting('synchronous_standby_names') <> ''
+"""
 _HEAD = "SELECT pg_current_wal_insert_lsn()::text, position FROM tiny.head"
 _READ = """
 WITH l AS MATERIALIZED (
@@ -226,10 +229,11 @@ class CommitLog:
         except psycopg.Error as exc:  # a statement refused: those after it, COMMIT included, did not run
             self._rollback(session)
             raise NotCommitted(f"the primary refused the flush: {exc}", t.retry_after) from exc
+        [(position, synchronous)] = results[-2]
         warned = [w for w in session.warnings if _SYNC_WARNING in w]
-        if warned or not session.usable:
-            return self._settle(plan, flush_id, session, f"COMMIT answered {warned or 'and the connection closed'}")
-        position = results[-2][0][0] if results[-2] else None  # the position statement's, or the replay's none
+        if warned or not synchronous or not session.usable:
+            why = warned or ("no synchronous standby named" if not synchronous else "and the connection closed")
+            return self._settle(plan, flush_id, session, f"COMMIT answered {why}")
         return Committed(plan.decisions, position, flush_id, plan.held)
 
     def _writes(self, plan: _Plan, flush_id: str) -> list[tuple[str, Any]]:
@@ -327,7 +331,7 @@ class CommitLog:
         primary answers."""
         session = self._connected()
         try:
-            rows = session.execute(_READ, {"after": after, "n": MAX_READ_BATCHES, "max": max_bytes})
+            rows = session.execute(_READ, {"after": after, "n": MAX_READ_BATCHES, "max": max(1, max_bytes)})
             batches, lsn, trimmed = _batches(rows, after)
             if not batches or wait_synced(session, lsn, self.timeouts.read_wait):
                 return batches
@@ -342,10 +346,8 @@ class CommitLog:
         waiting for the standby: a report lost in a failover only makes retention keep more."""
         session = self._connected()
         try:
-            session.execute("BEGIN")
-            session.execute("SET LOCAL synchronous_commit = local")
-            session.execute(_REPORT, (follower, applied))
-            session.execute("COMMIT")
+            statements = [("BEGIN", ()), ("SET LOCAL synchronous_commit = local", ()), (_REPORT, (follower, applied))]
+            session.run([*statements, ("COMMIT", ())])
         except (Lost, psycopg.Error) as exc:
             self._drop_or_rollback(session)
             raise Unavailable(f"the primary failed during a report: {exc}", self.timeouts.retry_after) from exc

@@ -39,7 +39,9 @@ WITH gone AS (DELETE FROM tiny.idempotency_keys WHERE seq = ANY(%s::bigint[]) RE
 UPDATE tiny.head SET keys = keys - (SELECT count(*) FROM gone) RETURNING (SELECT count(*) FROM gone)
 """
 _FLOOR = """
-SELECT r.trimmed, (SELECT min(applied) FROM tiny.followers WHERE seen >= now() - make_interval(secs => %s))
+SELECT r.trimmed,
+       (SELECT min(applied) FROM tiny.followers WHERE seen >= now() - make_interval(secs => %s)),
+       (SELECT position FROM tiny.head)
 FROM tiny.retention r FOR UPDATE
 """
 _TRIM = """
@@ -94,11 +96,12 @@ def expire_keys(session: Session, window: float, max_keys: int, limit: int) -> i
 
 def trim_batches(session: Session, stale_after: float, limit: int) -> int:
     """Delete the bytes of up to ``limit`` batches that every follower seen within
-    ``stale_after`` seconds has applied; how many positions were trimmed."""
+    ``stale_after`` seconds has applied (never past the head: a follower that reports a
+    position the log never reached trims nothing it has not); how many positions were trimmed."""
     session.execute("BEGIN")
     try:
-        [(trimmed, floor)] = session.execute(_FLOOR, (stale_after,))
-        upto = min(int(floor), int(trimmed) + limit) if floor is not None else int(trimmed)
+        [(trimmed, floor, head)] = session.execute(_FLOOR, (stale_after,))
+        upto = min(int(floor), int(head), int(trimmed) + limit) if floor is not None else int(trimmed)
         if upto <= trimmed:
             session.execute("ROLLBACK")
             return 0

@@ -98,15 +98,22 @@ class Watchdog:
         self._thread.start()
 
     def arm(self, fd: int, seconds: float) -> None:
+        """Guard the socket ``fd`` for ``seconds``. The watchdog keeps a duplicate of it until
+        :meth:`disarm`: were the connection to close ``fd`` meanwhile and the number be reused,
+        the deadline still shuts down this socket and no other."""
+        own = os.dup(fd)
         with self._cond:
-            self._fd, self._deadline, self._fired = fd, time.monotonic() + seconds, False
+            self._fd, self._deadline, self._fired = own, time.monotonic() + seconds, False
             self._cond.notify()
 
     def disarm(self) -> bool:
         """Stop guarding; True when the deadline fired (the socket is shut down)."""
         with self._cond:
             self._deadline = None
-            return self._fired
+            fired, own, self._fd = self._fired, self._fd, -1
+        if own >= 0:
+            os.close(own)
+        return fired
 
     def close(self) -> None:
         with self._cond:
@@ -160,8 +167,8 @@ class Session:
         the server refused the statement (its transaction is then aborted, the connection
         usable)."""
         self.warnings = []
-        self._watchdog.arm(self.conn.fileno(), self._limit(seconds))
         try:
+            self._watchdog.arm(self.conn.fileno(), self._limit(seconds))
             cursor = self.conn.execute(sql, params)  # type: ignore[arg-type]  # the log's own SQL, no user text
             rows = cursor.fetchall() if cursor.description is not None else []
         except psycopg.Error as exc:
@@ -177,8 +184,8 @@ class Session:
         statement the server refuses raises its psycopg.Error, and the statements after it
         were not run (the server skips them); Lost as :meth:`execute`."""
         self.warnings = []
-        self._watchdog.arm(self.conn.fileno(), self._limit(seconds))
         try:
+            self._watchdog.arm(self.conn.fileno(), self._limit(seconds))
             with self.conn.pipeline() as pipeline:
                 cursors = [self.conn.cursor() for _ in statements]
                 for cursor, (sql, params) in zip(cursors, statements, strict=True):
@@ -279,11 +286,11 @@ def _origin(conn: psycopg.Connection[Any]) -> Origin:
 
 
 def _shutdown(fd: int) -> None:
-    """shutdown(2) the socket ``fd`` (a dup of it: the connection keeps its own descriptor,
-    which it closes itself). Never raises: the socket may be closed already."""
+    """shutdown(2) the socket ``fd``: the peer sees the end of the stream and our side's pending
+    read returns at once. Never raises: the socket may be gone already."""
     with contextlib.suppress(OSError):
-        sock = socket.socket(fileno=os.dup(fd))
+        sock = socket.socket(fileno=fd)
         try:
             sock.shutdown(socket.SHUT_RDWR)
         finally:
-            sock.close()
+            sock.detach()  # the descriptor stays the watchdog's, closed by disarm
