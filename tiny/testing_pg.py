@@ -4,9 +4,10 @@ Like :mod:`tiny.testing`, it ships in the package but the server never imports i
 :class:`PgCluster` starts, in a temporary directory of its own:
 
 - one etcd member (etcd's v2 API enabled: Debian's Patroni 3.0.2 is configured with the
-  ``etcd:`` section, which speaks v2; with ``etcd3:`` a frozen primary let two nodes be primary,
-  see the notes in docs). One member is enough for what the tests exercise: PostgreSQL nodes
-  killed, stopped and brought back, and what a client of the cluster sees. The safety of
+  ``etcd:`` section, which speaks v2; with ``etcd3:`` a frozen primary once let two nodes be
+  primary, fixed in Patroni 3.1; see tiny.cluster). One member is enough for what the tests
+  exercise: PostgreSQL nodes killed, stopped and brought back, and what a client of the
+  cluster sees. The safety of
   Patroni's leader key rests on etcd's compare-and-swap, which one member gives as much as
   three; three members would only add etcd's own failover (measured apart: a killed etcd
   leader adds about 4 s) and three processes on a 2-core machine;
