@@ -21,12 +21,12 @@
   skips one that commits later); every flush inserts its own id, so a flush whose every append
   is a replay still writes and its COMMIT still waits for the synchronous standby. It returns
   :class:`Committed` only when COMMIT returned without PostgreSQL's "canceling wait for
-  synchronous replication" warning, or when a lost or warned COMMIT was settled as durable
-  (tiny.cluster.resolve). Otherwise it raises :class:`~tiny.cluster.errors.NotCommitted` or
-  :class:`~tiny.cluster.errors.Unavailable` (nothing was kept) or
-  :class:`~tiny.cluster.errors.OutcomeUnknown` (it may have been). No wait is cancelled: every
-  bound is a deadline on the socket (tiny.cluster.session). A call takes at most
-  :attr:`CommitLog.bound` seconds.
+  synchronous replication" warning on a primary that names a synchronous standby, or when a
+  lost or doubtful COMMIT was settled as durable (tiny.cluster.resolve). Otherwise it raises
+  :class:`~tiny.cluster.errors.NotCommitted` or :class:`~tiny.cluster.errors.Unavailable`
+  (nothing was kept) or :class:`~tiny.cluster.errors.OutcomeUnknown` (it may have been). No
+  wait is cancelled: every bound is a deadline on the socket (tiny.cluster.session). A call
+  takes at most :attr:`CommitLog.bound` seconds.
 - :meth:`CommitLog.read` gives a follower the batches after a position, in order, but only
   those the synchronous standbys have flushed: the rows and the primary's WAL position are
   read in one statement (one snapshot), then the read waits (``Timeouts.read_wait``) until the
@@ -319,7 +319,7 @@ class CommitLog:
             if wait_synced(session, lsn, self.timeouts.read_wait):
                 return int(position)
         except (Lost, psycopg.Error) as exc:
-            self._drop_or_rollback(session)
+            self._rollback(session)
             raise Unavailable(f"the primary failed while reading the head: {exc}", self.timeouts.retry_after) from exc
         raise Unavailable("no synchronous standby confirmed the head in time", self.timeouts.retry_after)
 
@@ -337,7 +337,7 @@ class CommitLog:
                 return batches
             return []
         except (Lost, psycopg.Error) as exc:
-            self._drop_or_rollback(session)
+            self._rollback(session)
             raise Unavailable(f"the primary failed during a read: {exc}", self.timeouts.retry_after) from exc
 
     def report(self, follower: str, applied: int) -> None:
@@ -349,7 +349,7 @@ class CommitLog:
             statements = [("BEGIN", ()), ("SET LOCAL synchronous_commit = local", ()), (_REPORT, (follower, applied))]
             session.run([*statements, ("COMMIT", ())])
         except (Lost, psycopg.Error) as exc:
-            self._drop_or_rollback(session)
+            self._rollback(session)
             raise Unavailable(f"the primary failed during a report: {exc}", self.timeouts.retry_after) from exc
 
     def retain(self, stale_after: float = retention.STALE_AFTER, limit: int = retention.STEP) -> retention.Retained:
@@ -360,7 +360,7 @@ class CommitLog:
         try:
             return retention.step(session, self.window, self.max_keys, stale_after, limit)
         except (Lost, psycopg.Error) as exc:
-            self._drop_or_rollback(session)
+            self._rollback(session)
             raise Unavailable(f"the primary failed during retention: {exc}", self.timeouts.retry_after) from exc
 
     # -- the connection ----------------------------------------------------------------------
@@ -387,9 +387,6 @@ class CommitLog:
         except (Lost, psycopg.Error):
             pass
         self._drop()
-
-    def _drop_or_rollback(self, session: Session) -> None:
-        self._rollback(session)
 
 
 def _batches(rows: list[tuple[Any, ...]], after: int) -> tuple[list[Batch], str, int]:
