@@ -111,7 +111,7 @@ def writer(dsn: str, i: int, seen: Seen, stop: threading.Event) -> None:
     log = CommitLog(dsn, timeouts=Timeouts(commit=8, resolve=4))
     seen.bound = log.bound
     try:
-        while True:
+        while not stop.is_set():
             try:
                 log.open()
                 break
@@ -163,8 +163,10 @@ def under_load(cluster: PgCluster, fault: Callable[[], None], heal: Callable[[],
     dsn = fresh_database(cluster)
     read_all(dsn)  # creates the schema before the writers race for it
     seen, got, stop, reading = Seen(), [], threading.Event(), threading.Event()
-    threads = [threading.Thread(target=guarded(writer, seen), args=(dsn, i, seen, stop)) for i in range(WRITERS)]
-    threads.append(threading.Thread(target=guarded(follower, seen), args=(dsn, got, reading)))
+    threads = [
+        threading.Thread(target=guarded(writer, seen), args=(dsn, i, seen, stop), daemon=True) for i in range(WRITERS)
+    ]
+    threads.append(threading.Thread(target=guarded(follower, seen), args=(dsn, got, reading), daemon=True))
     for thread in threads:
         thread.start()
     try:
@@ -181,14 +183,17 @@ def under_load(cluster: PgCluster, fault: Callable[[], None], heal: Callable[[],
     finally:
         stop.set()
         for thread in threads[:-1]:
-            thread.join(90)
-        heal()
-        log = read_all(dsn)
-        deadline = time.monotonic() + 20
-        while len(got) < len(log) and time.monotonic() < deadline and threads[-1].is_alive():
-            time.sleep(0.1)  # the follower catches up
-        reading.set()
-        threads[-1].join(30)
+            thread.join(60)  # a call's bound (30 s) and a retry's pause
+        try:
+            heal()
+            log = read_all(dsn)
+            deadline = time.monotonic() + 20
+            while len(got) < len(log) and time.monotonic() < deadline and threads[-1].is_alive():
+                time.sleep(0.1)  # the follower catches up
+        finally:
+            reading.set()
+            threads[-1].join(30)
+    assert not [thread for thread in threads if thread.is_alive()]  # every one within its bound
     assert seen.crashes == []
     assert len(got) == len(log)
     return _check(seen, got, log, fault_at)

@@ -26,13 +26,14 @@ are drawn per cluster; ``pg_hba`` admits only 127.0.0.1 with SCRAM.
 Processes: each Patroni starts in a session of its own (with pg_rewind, pg_basebackup and
 the other tools it runs), and detaches its postmaster (a session of its own, reparented to
 init, so that PostgreSQL survives Patroni), whose children each call ``setsid`` too. So a
-node's processes are found in ``/proc``, not by a process group: its Patroni's session, every
-``postgres`` process whose command line names the node's data dir (its postmasters, a
-single-user recovery), and their children. :meth:`PgCluster.kill` signals all of them
-together, Patroni first (so it restarts nothing), then the postmaster (so it forks nothing).
-:meth:`PgCluster.close` kills every one, waits for them (bounded), and removes the System V
-shared memory segment that a killed postmaster leaves behind (its ``postmaster.pid`` names
-it), whatever state the test left the nodes in. The context manager always closes.
+node's processes are found in ``/proc``, not by a process group: its Patroni's session (only
+while the harness has not reaped Patroni: a reaped pid may be anyone's by now, and is never
+signalled), every ``postgres`` process whose command line names the node's data dir (its
+postmasters, a single-user recovery), and their children. :meth:`PgCluster.kill` signals all
+of them together, Patroni first (so it restarts nothing), then the postmaster (so it forks
+nothing). :meth:`PgCluster.close` kills every one, waits for them (bounded), and removes the
+System V shared memory segment that a killed postmaster leaves behind (its ``postmaster.pid``
+names it), whatever state the test left the nodes in. The context manager always closes.
 
 Not thread-safe, except :meth:`PgCluster.primary`, :meth:`PgCluster.sync_standby` and
 :attr:`PgCluster.dsn`, which read etcd or constants.
@@ -175,12 +176,14 @@ class PgCluster:
         procs = _processes()
         for pid in self._node_pids(procs):
             _signal(pid, signal.SIGKILL)
-        if self._etcd is not None:
+        etcd = _unreaped(self._etcd)
+        if etcd > 0:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._etcd.pid, signal.SIGKILL)
-        left = _wait_gone(
-            self._node_pids(_processes()) | {self._etcd.pid if self._etcd else -1}, _KILL_WAIT, self._children()
-        )
+                os.killpg(etcd, signal.SIGKILL)
+        left = _wait_gone(self._node_pids(_processes()) | {etcd}, _KILL_WAIT, self._children())
+        for child in self._children():  # every Popen reaped: none is left to warn, or to reuse its pid
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(0.5)
         self._remove_shm()
         self._keep_logs()
         _remove_tree(self.home)
@@ -443,7 +446,7 @@ class PgCluster:
         is restarted or forked meanwhile)."""
         self._note_shm(node)
         procs = _processes() if procs is None else procs
-        patroni = node.proc.pid if node.proc is not None else -1
+        patroni = _unreaped(node.proc)
         postmasters = self._postmasters(node, procs)
         rest = [p.pid for p in procs if p.pid not in postmasters and (p.session == patroni or p.ppid in postmasters)]
         first = [patroni] if patroni in rest else []
@@ -460,9 +463,10 @@ class PgCluster:
             _signal(pid, signum)
 
     def _signal_patroni(self, node: Node, signum: int) -> None:
-        if node.proc is not None:
+        patroni = _unreaped(node.proc)
+        if patroni > 0:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(node.proc.pid, signum)
+                os.killpg(patroni, signum)
 
     def _remove_shm(self) -> None:
         for node in self.nodes.values():
@@ -477,6 +481,13 @@ class PgCluster:
                 if log.is_file():
                     node = log.relative_to(self.home).parts[0]
                     shutil.copyfile(log, target / f"{node}-{log.name}")
+
+
+def _unreaped(proc: subprocess.Popen[bytes] | None) -> int:
+    """The pid of our child ``proc`` while it is not reaped (alive or a zombie: its pid, and so
+    its process group and session ids, cannot be another process's yet), else -1. A reaped
+    child's pid may belong to anyone by now (pid_max is 32768 here): never signal it."""
+    return proc.pid if proc is not None and proc.poll() is None else -1
 
 
 def _run_as() -> dict[str, Any]:
