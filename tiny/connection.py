@@ -39,7 +39,7 @@ Tornado's private names this module uses, each for what it buys (BENCHMARKS.md, 
 ====================================================  =============================================
 
 They were checked against Tornado 6.6.1 only (CHECKED_TORNADO): any other version refuses to
-import, and tests/test_connection.py fails when the upstream source of the two methods and of
+import, and tests/test_httpserver.py fails when the upstream source of the two methods and of
 ``BaseIOStream._consume`` (the read buffer's reader) changes.
 """
 

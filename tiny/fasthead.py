@@ -5,7 +5,7 @@ well-formed header fields each sent once, a Content-Length, no Transfer-Encoding
 Upgrade, within 8 KiB and 32 fields: about a third of a 1-record request's event-loop time is
 Tornado's ``HTTP1Connection`` per request, its header parser and its callbacks, which such a head
 does without (tiny.connection serves it). Any other head is left to Tornado's parser, so only
-heads that Tornado reads the same way are read here (tests/test_fasthead.py holds the two equal
+heads that Tornado reads the same way are read here (tests/test_httpserver.py holds the two equal
 on every head it generates), and every answer is the one Tornado's way gives.
 """
 

@@ -28,7 +28,7 @@ JSON = "application/json; charset=utf-8"  # said out loud: a client need not gue
 SERVER = f"TornadoServer/{tornado.version}"  # what a RequestHandler says
 
 # RFC 3986's host (brackets and colons anywhere, as Tornado simplifies it) and an optional port:
-# Tornado 6.6.1's own pattern (httputil._ABNF.host), which tests/test_protocol.py holds equal to
+# Tornado 6.6.1's own pattern (httputil._ABNF.host), which tests/test_httpserver.py holds equal to
 # the rule Tornado applies.
 _HOST = re.compile(r"(?:(?:[\[\]:]|[A-Za-z0-9\-._~]|[!$&'()*+,;=]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?")
 
