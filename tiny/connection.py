@@ -253,8 +253,7 @@ class ServerConnection(HTTP1ServerConnection):
                 if not ret or conn.closing:
                     self.stream.close()
                     return
-                if server.fast:
-                    self.stream.set_nodelay(True)  # Tornado turned it off after its answer (see handle_stream)
+                self.stream.set_nodelay(True)  # Tornado turns it off after its answer: on for the connection's life
                 await asyncio.sleep(0)
         finally:
             delegate.on_close(self)
