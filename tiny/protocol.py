@@ -22,7 +22,6 @@ import time
 import orjson
 import tornado
 from tornado import httputil
-from tornado.http1connection import is_transfer_encoding_chunked
 
 JSON = "application/json; charset=utf-8"  # said out loud: a client need not guess (httr warns when it must)
 SERVER = f"TornadoServer/{tornado.version}"  # what a RequestHandler says
@@ -63,12 +62,13 @@ def keeps_alive(version: str, method: str, headers: httputil.HTTPHeaders | dict[
     asked = asked.lower() if asked is not None else None
     if version == "HTTP/1.1":
         return asked != "close"
-    framed = "Content-Length" in headers or method in ("HEAD", "GET")
-    if not framed:
-        try:
-            framed = is_transfer_encoding_chunked(headers)  # type: ignore[arg-type]  # a dict of the same names
-        except httputil.HTTPInputError:
-            return False
+    encoding = headers.get("Transfer-Encoding")
+    if "Content-Length" in headers:
+        framed = True
+    elif encoding is not None:  # another than chunked is refused before any answer (Tornado, the rules)
+        framed = encoding.lower() == "chunked"
+    else:
+        framed = method in ("HEAD", "GET")
     return framed and asked == "keep-alive"
 
 
@@ -102,11 +102,13 @@ def _head_for(status: int) -> bytes:
 
 
 _HEADS = {status: _head_for(status) for status in (200, 400, 401, 405, 413, 415, 422, 431, 500, 503)}
-_DATE: list[object] = [0, b""]  # (second, its HTTP date): one formatting per second, not per answer
+_DATE = {0: b""}  # {second: its HTTP date}: one formatting per second, not per answer
 
 
 def _date() -> bytes:
     now = int(time.time())
-    if _DATE[0] != now:
-        _DATE[0], _DATE[1] = now, httputil.format_timestamp(now).encode()
-    return _DATE[1]  # type: ignore[return-value]
+    date = _DATE.get(now)
+    if date is None:
+        _DATE.clear()
+        date = _DATE[now] = httputil.format_timestamp(now).encode()
+    return date
