@@ -82,7 +82,15 @@ def test_a_kept_alive_connection_keeps_tcp_nodelay_on_between_requests(tmp_path:
             conn.close()
 
 
-# The fast way (tiny.fasthead.parse_fast_head, _ServerConnection._serve_fast).
+def test_the_parser_that_read_each_ingest_head_is_counted_on_metrics(tmp_path: Path) -> None:
+    with InProcessServer(tmp_path / "data") as server:
+        assert server.ingest(orjson.dumps(record()) + b"\n").status == 200
+        text = server.request("GET", "/metrics").body.decode()
+    counted = dict(re.findall(r'^tiny_ingest_heads_total\{parser="(\w+)"\} (\S+)$', text, re.M))
+    assert set(counted) == {"fast", "tornado"} and float(counted["fast"]) >= 1
+
+
+# The fast way (tiny.fasthead.parse_fast_head, tiny.connection.ServerConnection._serve_fast).
 
 USUAL_HEADS = {
     "ab -k": b"POST /ingest HTTP/1.0\r\nContent-length: 173\r\nContent-type: application/x-ndjson\r\n"
