@@ -37,7 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer
 
 @pytest.fixture(scope="module")
 def general(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
-    """A server without the lean way: every request is the handlers' (tiny.routes)."""
+    """A server without the fast head parser (--lean false): Tornado's parser reads every head."""
     with InProcessServer(tmp_path_factory.mktemp("general") / "data", "--lean", "false") as running:
         yield running
 
@@ -483,7 +483,7 @@ def test_a_token_on_the_command_line_is_warned_about(tmp_path: Path) -> None:
     assert "sees it in ps" in server.log() and "argv-s3cret" not in server.log()
 
 
-@pytest.mark.parametrize("encoding", ["identity", "gzip"])  # the lean way and the general one
+@pytest.mark.parametrize("encoding", ["identity", "gzip"])  # decoded on the event loop, and on a thread
 def test_a_post_that_reaches_a_worker_after_its_sink_closed_gets_a_json_503(tmp_path: Path, encoding: str) -> None:
     # A proxy may send a request on a kept-alive connection while the worker stops.
     body = line(ip_id=7) * 3
@@ -496,10 +496,21 @@ def test_a_post_that_reaches_a_worker_after_its_sink_closed_gets_a_json_503(tmp_
     assert not list((tmp_path / "data").glob("*.csv"))
 
 
-# Every way into /ingest answers the same head the same: the usual head (read by the fast way),
-# one that Tornado's parser reads (chunked: the lean way over its HTTP1Connection), and a server
-# without the lean way (the handler).
+# Every way into /ingest answers the same head the same: with a Content-Length (the fast head parser
+# reads it when it is the commonest kind), chunked (Tornado's parser reads it), and a server
+# without the fast head parser (--lean false: Tornado's parser reads every head). The one /ingest
+# delegate answers all of them; tiny_ingest_heads_total says which parser read each.
 WAYS = ("fast", "chunked", "general")
+
+
+def _heads(server: InProcessServer) -> dict[str, float]:
+    return server.deps.metrics.heads_read()
+
+
+def _took(server: InProcessServer, before: dict[str, float]) -> dict[str, float]:
+    """The requests to /ingest each parser read since ``before`` (only those that read any)."""
+    now = _heads(server)
+    return {parser: now[parser] - before.get(parser, 0) for parser in now if now[parser] != before.get(parser, 0)}
 
 
 def _request(way: str, fields: bytes, body: bytes, version: bytes = b"1.1") -> bytes:
@@ -543,13 +554,14 @@ def test_a_host_that_tornado_refuses_gets_a_json_400_and_a_close_on_every_way(
     server: InProcessServer, general: InProcessServer, way: str, host: str
 ) -> None:
     target = general if way == "general" else server
-    before = _rows(target)
+    before, heads = _rows(target), _heads(target)
     answer = _until_closed(target.port, _request(way, _BAD_HOSTS[host], line(ip_id=21)))
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 ") and answer.count(b"HTTP/1.1 ") == 1, answer
     assert b"\r\nConnection: close" in head and b"\r\nContent-Type: application/json" in head
     assert orjson.loads(body)["error"]["status"] == 400 and "Host" in orjson.loads(body)["error"]["message"]
     assert _rows(target) == before
+    assert _took(target, heads) == {}  # refused by the server before /ingest's delegate, on every way
 
 
 @pytest.mark.parametrize(
@@ -568,10 +580,11 @@ def test_an_http10_request_without_a_host_is_taken_on_every_way(
     server: InProcessServer, general: InProcessServer, way: str
 ) -> None:
     target = general if way == "general" else server
-    before = _rows(target)
+    before, heads = _rows(target), _heads(target)
     answer = _until_closed(target.port, _request(way, b"", line(ip_id=22), b"1.0"))
     assert answer.startswith(b"HTTP/1.1 200 "), answer
     assert _rows(target) == max(before, 1) + 1
+    assert _took(target, heads) == {"fast" if way == "fast" else "tornado": 1}
 
 
 def test_a_host_that_tornado_refuses_gets_a_json_400_on_every_path(server: InProcessServer) -> None:
@@ -594,10 +607,11 @@ def test_the_header_limit_counts_field_lines_on_every_way(
 ) -> None:
     lines, status = _PADS[pad]
     target = general if way == "general" else server
-    before = _rows(target)
+    before, heads = _rows(target), _heads(target)
     fields = b"Host: x\r\nConnection: close\r\n" + b"X-Pad: 1\r\n" * (lines - 3)  # one name, sent again and again
     answer = _until_closed(target.port, _request(way, fields, line(ip_id=23)))
     assert answer.startswith(b"HTTP/1.1 %d " % status), answer
+    assert _took(target, heads) == {"tornado": 1}  # past the fast parser's 32 fields on every way
     if status == 431:
         assert b'{"error":{"status":431,' in answer and _rows(target) == before
     else:

@@ -1,5 +1,6 @@
-"""tiny.httpserver against the Tornado it copies from: the copies are of the source they say, and
-what it changes of Tornado's behaviour holds."""
+"""tiny.httpserver, tiny.connection and tiny.fasthead against the Tornado they copy from: the copies
+are of the source they say, what they change of Tornado's behaviour holds, and every request to
+/ingest takes the way it should (tiny_ingest_heads_total counts which parser read its head)."""
 
 from __future__ import annotations
 
@@ -23,15 +24,13 @@ from tornado.http1connection import HTTP1Connection, HTTP1ServerConnection
 from tornado.iostream import BaseIOStream
 
 from tests.support import record, wait_for
-from tiny import httpserver
+from tiny import bodybuffers, connection, fasthead, protocol
 from tiny.testing import InProcessServer, Server, memory
 
 # sha256 of the upstream methods' source in Tornado 6.6.1, the version the copies were made from.
 UPSTREAM = {
     "HTTP1Connection._read_chunked_body": "bb6888d2ff152ee940219729ba4f28724ff30ba775e77fa581ba26b868aab957",
     "HTTP1ServerConnection._server_request_loop": "878caf064d85d615c371d09ed9068eaaadfda25e70a8e9a35cb92996d0a7e539",
-    "HTTP1Connection.write_headers": "0cfc1ef0b6793acd62306d4ac65a1cab806858506cc7e17e64295263190c1250",
-    "HTTP1Connection.finish": "06764160f2a948ce6c07da810b967bb254e3d8723be30c94d90844eb118dcd88",
     # the read buffer, into which the fast way puts back a head unread
     "BaseIOStream._consume": "a977bde1b09379135a1e7cbd2316784813ff7a2721cce35808836e59e9b290aa",
 }
@@ -39,14 +38,12 @@ UPSTREAM = {
 
 def test_the_copied_tornado_methods_are_unchanged_upstream() -> None:
     """Fails when Tornado's own methods differ from those the copies were made from: compare
-    tiny/httpserver.py's _Connection and _ServerConnection with them before bumping the pin."""
+    tiny/chunked.py and tiny/connection.py's ServerConnection with them before bumping the pin."""
     found = {
         method.__qualname__: hashlib.sha256(inspect.getsource(method).encode()).hexdigest()
         for method in (
             HTTP1Connection._read_chunked_body,
             HTTP1ServerConnection._server_request_loop,
-            HTTP1Connection.write_headers,
-            HTTP1Connection.finish,
             BaseIOStream._consume,
         )
     }
@@ -54,26 +51,46 @@ def test_the_copied_tornado_methods_are_unchanged_upstream() -> None:
 
 
 def test_the_installed_tornado_is_one_the_copies_were_checked_against() -> None:
-    assert tornado.version in httpserver.CHECKED_TORNADO
+    assert tornado.version in connection.CHECKED_TORNADO
 
 
-def test_a_kept_alive_connection_keeps_tcp_nodelay_on_between_requests(tmp_path: Path) -> None:
-    # (Tornado turns it off after each answer: a setsockopt(2) each way per request.)
+def _heads(server: InProcessServer) -> dict[str, float]:
+    """Requests to /ingest counted so far in this process, by the parser that read their head."""
+    return server.deps.metrics.heads_read()
+
+
+def _took(server: InProcessServer, before: dict[str, float]) -> dict[str, float]:
+    """The requests to /ingest each parser read since ``before`` (only those that read any)."""
+    now = _heads(server)
+    return {parser: now[parser] - before.get(parser, 0) for parser in now if now[parser] != before.get(parser, 0)}
+
+
+@pytest.mark.parametrize("path", ["/ingest", "/ingest?via=tornado"])
+def test_a_kept_alive_connection_keeps_tcp_nodelay_on_between_requests(tmp_path: Path, path: str) -> None:
+    # (Tornado turns it off after each of its answers: the connection turns it on again.)
     with InProcessServer(tmp_path / "data") as server:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
         try:
             for _ in range(2):
-                conn.request("POST", "/ingest", orjson.dumps(record()) + b"\n")
+                conn.request("POST", path, orjson.dumps(record()) + b"\n")
                 response = conn.getresponse()
                 assert response.status == 200, response.read()
                 response.read()
-            (connection,) = server._server._connections
-            assert connection.stream.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            (served,) = server._server.connections
+            assert served.stream.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         finally:
             conn.close()
 
 
-# The fast way (tiny.httpserver.parse_fast_head, _ServerConnection._serve_fast).
+def test_the_parser_that_read_each_ingest_head_is_counted_on_metrics(tmp_path: Path) -> None:
+    with InProcessServer(tmp_path / "data") as server:
+        assert server.ingest(orjson.dumps(record()) + b"\n").status == 200
+        text = server.request("GET", "/metrics").body.decode()
+    counted = dict(re.findall(r'^tiny_ingest_heads_total\{parser="(\w+)"\} (\S+)$', text, re.M))
+    assert set(counted) == {"fast", "tornado"} and float(counted["fast"]) >= 1
+
+
+# The fast way (tiny.fasthead.parse_fast_head, tiny.connection.ServerConnection._serve_fast).
 
 USUAL_HEADS = {
     "ab -k": b"POST /ingest HTTP/1.0\r\nContent-length: 173\r\nContent-type: application/x-ndjson\r\n"
@@ -139,7 +156,7 @@ def _tornado_reads(head: bytes) -> tuple[httputil.RequestStartLine, dict[str, st
 
 @pytest.mark.parametrize("head", USUAL_HEADS.values(), ids=USUAL_HEADS.keys())
 def test_the_fast_way_reads_the_heads_clients_send_as_tornado_reads_them(head: bytes) -> None:
-    fields = httpserver.parse_fast_head(head)
+    fields = fasthead.parse_fast_head(head)
     assert fields is not None
     start_line, headers = _tornado_reads(head)
     assert (start_line.method, start_line.path) == ("POST", "/ingest")
@@ -148,7 +165,7 @@ def test_the_fast_way_reads_the_heads_clients_send_as_tornado_reads_them(head: b
 
 @pytest.mark.parametrize("head", UNUSUAL_HEADS.values(), ids=UNUSUAL_HEADS.keys())
 def test_the_fast_way_leaves_every_unusual_head_to_tornado(head: bytes) -> None:
-    assert httpserver.parse_fast_head(head) is None
+    assert fasthead.parse_fast_head(head) is None
 
 
 _NAMES = [
@@ -188,7 +205,7 @@ def test_a_head_the_fast_way_reads_is_read_the_same_by_tornado(
     fields.insert(length_at, b"Content-Length: 5\r\n")
     fields.insert(0, host)
     head = request_line + b"\r\n" + b"".join(fields) + end
-    found = httpserver.parse_fast_head(head)
+    found = fasthead.parse_fast_head(head)
     event("read the fast way" if found is not None else "left to Tornado")
     if found is None:
         return
@@ -216,28 +233,28 @@ def test_the_host_rule_of_every_way_is_tornados(version: str, hosts: list[str]) 
     headers = httputil.HTTPHeaders()
     for host in hosts:
         headers.add("Host", host)
-    event("refused" if httpserver.host_refusal(version, headers.get("Host")) else "taken")
+    event("refused" if protocol.host_refusal(version, headers.get("Host")) else "taken")
     try:
         httputil.HTTPServerRequest(start_line=httputil.RequestStartLine("POST", "/ingest", version), headers=headers)
     except httputil.HTTPInputError:
-        assert httpserver.host_refusal(version, headers.get("Host")) is not None
+        assert protocol.host_refusal(version, headers.get("Host")) is not None
     else:
-        assert httpserver.host_refusal(version, headers.get("Host")) is None
+        assert protocol.host_refusal(version, headers.get("Host")) is None
 
 
 def test_the_fast_way_takes_heads_up_to_its_bounds_and_none_past_them() -> None:
     """At most 8 KiB and 32 fields: a head past either goes to Tornado's parser at once."""
     fields = b"Host: x\r\nContent-Length: 5\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(30))
     head = b"POST /ingest HTTP/1.1\r\n" + fields + b"\r\n"
-    assert httpserver.parse_fast_head(head) is not None
-    assert httpserver.parse_fast_head(head[:-2] + b"X-30: 1\r\n\r\n") is None
-    padded = head[:-2] + b"X-Pad: " + b"a" * (httpserver._FAST_HEAD_BYTES - len(head) - 9) + b"\r\n\r\n"
-    assert len(padded) == httpserver._FAST_HEAD_BYTES
-    assert httpserver.parse_fast_head(padded) is None  # 33 fields
-    padded = head.replace(b"X-29: 1", b"X-29: " + b"a" * (httpserver._FAST_HEAD_BYTES - len(head) + 1))
-    assert len(padded) == httpserver._FAST_HEAD_BYTES
-    assert httpserver.parse_fast_head(padded) is not None
-    assert httpserver.parse_fast_head(padded.replace(b"X-29: ", b"X-29: a")) is None
+    assert fasthead.parse_fast_head(head) is not None
+    assert fasthead.parse_fast_head(head[:-2] + b"X-30: 1\r\n\r\n") is None
+    padded = head[:-2] + b"X-Pad: " + b"a" * (fasthead.FAST_HEAD_BYTES - len(head) - 9) + b"\r\n\r\n"
+    assert len(padded) == fasthead.FAST_HEAD_BYTES
+    assert fasthead.parse_fast_head(padded) is None  # 33 fields
+    padded = head.replace(b"X-29: 1", b"X-29: " + b"a" * (fasthead.FAST_HEAD_BYTES - len(head) + 1))
+    assert len(padded) == fasthead.FAST_HEAD_BYTES
+    assert fasthead.parse_fast_head(padded) is not None
+    assert fasthead.parse_fast_head(padded.replace(b"X-29: ", b"X-29: a")) is None
 
 
 def _answers(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
@@ -274,6 +291,7 @@ def test_pipelined_requests_of_both_ways_are_answered_in_order_on_one_connection
     """A fast request, one Tornado reads (put back unread), and another fast one, in one send."""
     body = orjson.dumps(record()) + b"\n"
     with InProcessServer(tmp_path / "data") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        before = _heads(server)
         sock.settimeout(10)
         chunked = b"POST /ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
             len(body),
@@ -288,6 +306,7 @@ def test_pipelined_requests_of_both_ways_are_answered_in_order_on_one_connection
             if i != 1
         ]
         assert counts == [1, 1, 2]
+        assert _took(server, before) == {"fast": 2, "tornado": 1}
     assert len((tmp_path / "data" / "2014-05-04.csv").read_bytes().splitlines()) == 1 + 4
 
 
@@ -295,31 +314,37 @@ def test_an_http10_post_that_asks_keep_alive_is_answered_keep_alive_and_kept_ope
     """ab -k's request."""
     body = orjson.dumps(record()) + b"\n"
     with InProcessServer(tmp_path / "data") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        before = _heads(server)
         sock.settimeout(10)
         for _ in range(2):
             sock.sendall(_post(body, b"1.0", b"Connection: Keep-Alive\r\n"))
             ((head, _),) = _answers(sock, 1)
             assert b"\r\nConnection: Keep-Alive" in head
+        assert _took(server, before) == {"fast": 2}
 
 
 def test_an_http10_post_without_keep_alive_is_answered_then_closed(tmp_path: Path) -> None:
     body = orjson.dumps(record()) + b"\n"
     with InProcessServer(tmp_path / "data") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.settimeout(10)
+        before = _heads(server)
         sock.sendall(_post(body, b"1.0"))
         ((head, _),) = _answers(sock, 1)
         assert head.startswith(b"HTTP/1.1 200 ") and b"Connection:" not in head
         assert _closed(sock)
+        assert _took(server, before) == {"fast": 1}
 
 
 def test_a_post_that_asks_connection_close_is_answered_so_then_closed(tmp_path: Path) -> None:
     body = orjson.dumps(record()) + b"\n"
     with InProcessServer(tmp_path / "data") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.settimeout(10)
+        before = _heads(server)
         sock.sendall(_post(body, b"1.1", b"Connection: close\r\n"))
         ((head, _),) = _answers(sock, 1)
         assert b"\r\nConnection: close" in head
         assert _closed(sock)
+        assert _took(server, before) == {"fast": 1}
 
 
 def test_a_body_split_across_sends_is_read_whole_the_fast_way(tmp_path: Path) -> None:
@@ -328,23 +353,27 @@ def test_a_body_split_across_sends_is_read_whole_the_fast_way(tmp_path: Path) ->
     with InProcessServer(tmp_path / "data") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.settimeout(10)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        before = _heads(server)
         for start in range(0, len(request), 997):
             sock.sendall(request[start : start + 997])
             time.sleep(0.002)
         ((head, answer),) = _answers(sock, 1)
         assert head.startswith(b"HTTP/1.1 200 ")
         assert orjson.loads(answer)["result"]["stats"]["records"]["valid"] == 50
+        assert _took(server, before) == {"fast": 1}
 
 
 def test_a_connection_closed_mid_body_counts_no_request_in_flight(tmp_path: Path) -> None:
     body = orjson.dumps(record()) + b"\n"
     with InProcessServer(tmp_path / "data") as server:
+        before = _heads(server)
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(_post(body)[:-10])
             time.sleep(0.2)
             assert server.deps.drain.in_flight == 1
         assert wait_for(lambda: server.deps.drain.in_flight == 0)
         assert server.ingest(body).status == 200
+        assert _took(server, before) == {"fast": 2}
     assert len((tmp_path / "data" / "2014-05-04.csv").read_bytes().splitlines()) == 2
 
 
@@ -355,6 +384,7 @@ def test_a_big_body_still_to_come_is_read_whole_into_one_buffer(tmp_path: Path) 
     cut = request.index(b"\r\n\r\n") + 4 + 1000
     with InProcessServer(tmp_path / "data") as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.settimeout(10)
+        before = _heads(server)
         sock.sendall(request[:cut])
         time.sleep(0.2)  # the head is read, and the body's first 1,000 bytes with it
         for start in range(cut, len(request), 50_000):
@@ -363,6 +393,8 @@ def test_a_big_body_still_to_come_is_read_whole_into_one_buffer(tmp_path: Path) 
         ((head, answer),) = _answers(sock, 1)
         assert head.startswith(b"HTTP/1.1 200 ")
         assert orjson.loads(answer)["result"]["stats"]["records"]["valid"] == 2000
+        assert _took(server, before) == {"fast": 1}
+        assert len(server._server.whole.kept) == 1  # read into one buffer, given back for the next
     assert len((tmp_path / "data" / "2014-05-04.csv").read_bytes().splitlines()) == 1 + 2000
 
 
@@ -371,12 +403,14 @@ def test_a_body_that_stops_coming_is_cut_at_the_body_timeout_and_nothing_is_kept
     body = b"".join(orjson.dumps(record()) + b"\n" for _ in range(records))
     request = _post(body)
     with InProcessServer(tmp_path / "data", "--body-timeout", "1") as server:
+        before = _heads(server)
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             started = time.monotonic()
             sock.sendall(request[: len(request) - len(body) // 2])
             assert _closed(sock)
             assert 0.9 < time.monotonic() - started < 3
         assert wait_for(lambda: server.deps.drain.in_flight == 0)
+        assert _took(server, before) == {"fast": 1}
     assert not (tmp_path / "data" / "2014-05-04.csv").exists()
 
 
@@ -387,13 +421,15 @@ def test_the_buffers_of_bodies_read_whole_stay_within_their_budget(tmp_path: Pat
     request = _post(body)
     start = request.index(b"\r\n\r\n") + 4 + 1000
     with InProcessServer(tmp_path / "data") as server:
+        before = _heads(server)
         socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(40)]
         try:
             for sock in socks:
                 sock.settimeout(20)
                 sock.sendall(request[:start])
             assert wait_for(lambda: server.deps.drain.in_flight == 40)
-            assert server._server.whole.in_use == httpserver._WHOLE_BUFFERS < 40
+            assert _took(server, before) == {"fast": 40}
+            assert server._server.whole.in_use == bodybuffers.WHOLE_BUFFERS < 40
             for sock in socks:
                 sock.sendall(request[start:])
             for sock in socks:
@@ -430,17 +466,23 @@ def _rows(data: Path) -> int:
 
 
 @pytest.mark.hardening("third 1: a request pipelined behind an answer that closes was written and never answered")
-@pytest.mark.parametrize("way", ["lean", "general"])
+@pytest.mark.parametrize("way", ["fast", "tornado"])
 @pytest.mark.parametrize("following", _NEXT.keys())
 @pytest.mark.parametrize("closing", _CLOSING.keys())
 def test_a_request_pipelined_behind_an_answer_that_closes_is_neither_written_nor_answered(
     tmp_path: Path, closing: str, following: str, way: str
 ) -> None:
     """RFC 9112, section 9.6: once the server closes, it processes no further request of that
-    connection. A client that retries the dropped request then writes it once, not twice."""
+    connection, nor even reads its head. A client that retries the dropped request then writes it
+    once, not twice. ``way``: the fast head parser on, or off (--lean false)."""
     request, status = _CLOSING[closing]
     data = tmp_path / "data"
-    with InProcessServer(data, *(["--lean", "false"] if way == "general" else [])) as server:
+    expected = {"fast": 0, "tornado": 0}  # the closing request (a Host refusal never reaches /ingest's count)
+    if closing != "no Host":
+        expected["fast" if way == "fast" and closing == "a 415" else "tornado"] += 1
+    expected["fast" if way == "fast" and following == "fast" else "tornado"] += 1  # its retry, alone
+    with InProcessServer(data, *(["--lean", "false"] if way == "tornado" else [])) as server:
+        before = _heads(server)
         if closing == "a drain":
             server.deps.drain.begin()
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
@@ -457,6 +499,7 @@ def test_a_request_pipelined_behind_an_answer_that_closes_is_neither_written_nor
             ((head, _),) = _answers(sock, 1)
             assert head.startswith(b"HTTP/1.1 200 ")
         assert wait_for(lambda: server.deps.drain.in_flight == 0)
+        assert _took(server, before) == {parser: count for parser, count in expected.items() if count}
     assert _rows(data) == (1 if status == 200 else 0) + 1
 
 
@@ -470,6 +513,7 @@ def test_a_body_read_into_one_buffer_takes_memory_only_as_its_bytes_arrive(
     request = _post(body)
     start = request.index(b"\r\n\r\n") + 4 + 1000
     with InProcessServer(tmp_path / "data") as server:
+        heads = _heads(server)
         before = memory(os.getpid())  # the server runs in this process
         socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(40)]
         try:
@@ -480,8 +524,9 @@ def test_a_body_read_into_one_buffer_takes_memory_only_as_its_bytes_arrive(
             time.sleep(0.3)  # every head read, every buffer taken, the first 1,000 bytes in each
             grown = memory(os.getpid()) - before
             assert grown < 8 * 2**20, f"{grown / 2**20:.1f} MiB for {40 * start} bytes sent"
+            assert _took(server, heads) == {"fast": 40}
             reserved = server._server.whole.reserved  # and they were read the one-buffer way:
-            assert reserved == httpserver._WHOLE_BUFFERS * httpserver.BODY_PIECE
+            assert reserved == bodybuffers.WHOLE_BUFFERS * bodybuffers.BODY_PIECE
             for sock in socks:
                 sock.sendall(request[start:])
             for sock in socks:
@@ -535,7 +580,7 @@ def test_a_huge_head_that_looks_fast_costs_what_it_costs_the_general_way(
         ratio=round(ratio, 2),
     )
     assert ratio < 1.3, cpu  # a loose bound: the machine is shared (the figure is the measure)
-    assert httpserver.parse_fast_head(_Unscanned(looks_fast)) is None  # given up before any pass over it
+    assert fasthead.parse_fast_head(_Unscanned(looks_fast)) is None  # given up before any pass over it
 
 
 class _Unscanned(bytes):
@@ -546,3 +591,58 @@ class _Unscanned(bytes):
 
     def startswith(self, *args: Any) -> bool:
         raise AssertionError("the fast parser read a head past its bounds")
+
+
+# The same request, read by the fast head parser or by Tornado's, gets the same answer, byte for byte.
+
+_KEYED = b"Idempotency-Key: k-1\r\n"
+_SAME = {  # a request the fast parser reads (every one here), by what it is answered
+    "200": _post(_ONE),
+    "200 with errors": _post(_ONE + b"not json\n" * 12),
+    "200, an HTTP/1.0 keep-alive": _post(_ONE, b"1.0", b"Connection: keep-alive\r\n"),
+    "200, an HTTP/1.0 close": _post(_ONE, b"1.0"),
+    "200, a Connection: close": _post(_ONE, extra=b"Connection: close\r\n"),
+    "200, a key": _post(_ONE, extra=_KEYED),
+    "200, the key replayed": _post(_ONE, extra=_KEYED),
+    "422, the key for another body": _post(_ONE * 2, extra=_KEYED),
+    "400, a malformed key": _post(_ONE, extra=b"Idempotency-Key: a b\r\n"),
+    "400, corrupt gzip": _post(b"not gzip", extra=b"Content-Encoding: gzip\r\n"),
+    "413, declared": _post(_ONE * 400),
+    "415, a type": _post(_ONE, extra=b"Content-Type: text/html\r\n"),
+    "415, an encoding, HTTP/1.0 keep-alive": _post(_ONE, b"1.0", b"Connection: keep-alive\r\nContent-Encoding: br\r\n"),
+    "401, no token": _post(_ONE, extra=b"X-Token: none\r\n"),
+}
+
+
+def _answer_of(port: int, request: bytes) -> tuple[bytes, bool]:
+    """The answer to ``request`` on a new connection, its Date blanked, and whether the server
+    closed the connection after it."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(10)
+        sock.sendall(request)
+        ((head, body),) = _answers(sock, 1)
+        sock.settimeout(0.5)  # a close comes at once after the answer, or not at all
+        try:
+            closed = sock.recv(1) == b""
+        except ConnectionResetError:  # closed with the rest of a body unread
+            closed = True
+        except TimeoutError:
+            closed = False
+        return re.sub(rb"\r\nDate: [^\r]+", b"\r\nDate: -", head) + b"\r\n\r\n" + body, closed
+
+
+def test_every_answer_of_ingest_is_the_same_byte_for_byte_whichever_parser_read_the_head(tmp_path: Path) -> None:
+    assert all(fasthead.parse_fast_head(request.partition(b"\r\n\r\n")[0] + b"\r\n\r\n") for request in _SAME.values())
+    answers: dict[str, list[tuple[bytes, bool]]] = {}
+    took = {}
+    for way, flags in (("fast", []), ("tornado", ["--lean", "false"])):
+        with InProcessServer(tmp_path / way, "--max-body", "65536", *flags) as server:
+            before = _heads(server)
+            answers[way] = []
+            for name, request in _SAME.items():
+                server.deps.rules.token = "t" if name.startswith("401") else None  # a token for that one only
+                answers[way].append(_answer_of(server.port, request))
+            took[way] = _took(server, before)
+    assert answers["fast"] == answers["tornado"]
+    assert [answer[:12] for answer, _ in answers["fast"]] == [b"HTTP/1.1 " + name[:3].encode() for name in _SAME]
+    assert took == {"fast": {"fast": len(_SAME)}, "tornado": {"tornado": len(_SAME)}}

@@ -65,7 +65,7 @@ class Config:
     new_journal: bool = False
     no_fork: bool = False
     public_downloads: bool = False
-    lean: bool = True  # the lean way into POST /ingest (tiny.handlers.lean); off: the handler only (benchmarks)
+    lean: bool = True  # the fast head parser of the commonest POST /ingest (tiny.fasthead); off: Tornado's reads all
     crash_at: str = ""  # fault injection for the crash tests (tiny.sink); not in --help
     token_source: str = ""  # where the token came from: "file", "environment" or "command line"
 

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+PARSERS = ("fast", "tornado")  # what read a request's head: tiny.fasthead, or Tornado's HTTP1Connection
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -99,6 +100,13 @@ class Metrics:
             ["outcome"],
             registry=None,
         )
+        self.ingest_heads = Counter(
+            "tiny_ingest_heads",
+            "Requests to /ingest by the parser that read their head: fast (tiny.fasthead) or tornado (HTTP1Connection)",
+            ["parser"],
+            registry=None,
+        )
+        self.heads = {parser: self.ingest_heads.labels(parser) for parser in PARSERS}
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self.valid = self.records.labels("valid")
         self.invalid = self.records.labels("invalid")
@@ -112,6 +120,16 @@ class Metrics:
             self._children[(handler, status)] = children
         children[0].inc()
         children[1].observe(seconds)
+
+    def heads_read(self) -> dict[str, float]:
+        """Requests to /ingest this process counted so far, by the parser that read their head
+        (its samples of ``tiny_ingest_heads_total``)."""
+        return {
+            sample.labels["parser"]: sample.value
+            for family in self.ingest_heads.collect()
+            for sample in family.samples
+            if sample.name.endswith("_total")
+        }
 
     def observe_flush(self, seconds: float, nbytes: int, ok: bool) -> None:
         """Record one sink flush (the sink's ``on_flush`` callback)."""

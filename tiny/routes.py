@@ -25,16 +25,15 @@ from tiny.handlers.downloads import (
     TopHandler,
     TrendingHandler,
 )
-from tiny.handlers.ingest import IngestHandler
 from tiny.handlers.status import HealthHandler, MetricsHandler, NotFoundHandler
 
 
 def make_app(deps: Deps) -> web.Application:
-    """The Tornado application of one worker process."""
+    """The Tornado application of one worker process: every path but /ingest, which the server
+    hands to its own delegate whichever way its head was read (tiny.handlers.ingest.route)."""
     args = {"deps": deps}
     return web.Application(
         [
-            (r"/ingest", IngestHandler, args),
             (r"/healthz", HealthHandler, args),
             (r"/metrics", MetricsHandler, args),
             (r"/", DashboardHandler, args),

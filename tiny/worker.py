@@ -33,7 +33,7 @@ from tiny.aggregates import Aggregates, Unavailable
 from tiny.analytics.service import Analytics
 from tiny.config import Config
 from tiny.drain import Drain
-from tiny.handlers import lean
+from tiny.handlers import ingest
 from tiny.handlers.base import Deps, instance_name
 from tiny.handlers.rules import IngestRules
 from tiny.heartbeat import BEAT_SECONDS, Heartbeats
@@ -137,7 +137,8 @@ def make_server(deps: Deps) -> TinyHTTPServer:
         max_header_size=limits.HEADER_READ_LIMIT,
         max_connections=config.max_connections or descriptors.connection_limit(config, descriptors.sink_files(config)),
         on_connections=deps.metrics.connections.set,
-        lean=functools.partial(lean.route, deps) if config.lean else None,  # the usual POST /ingest
+        ingest=functools.partial(ingest.route, deps),  # every request to /ingest, whichever parser reads it
+        fast=config.lean,  # the fast head parser for the commonest POST /ingest
     )
 
 

@@ -20,6 +20,7 @@ from bench.harness.drivers import ab_command, parse_ab, parse_post_load, post_lo
 from bench.harness.plans import Arm, Config
 from bench.harness.proc import CpuSnapshot, key_store, loadavg, process_tree, tree_rss_kb
 from bench.harness.services import Service
+from tiny.layout import IDENTITY_FILE, STATE_DIR
 
 
 @dataclass(frozen=True)
@@ -215,12 +216,15 @@ def print_point(point: dict[str, Any]) -> None:
 
 
 def clear_dir(path: Path) -> None:
-    """Remove the files under ``path`` (the day files a point wrote), keeping the directories and
-    the journal (``.tiny/``)."""
+    """Remove the files under ``path`` (the day files a point wrote), keeping the directories, the
+    journal (``.tiny/``) and the data dir's identity (``.tiny-id``), without which the server
+    refuses every write."""
     for root, dirs, files in os.walk(path):
-        if ".tiny" in dirs:  # the journal and its keys, open in the server: they grow as in real use
-            dirs.remove(".tiny")
+        if STATE_DIR in dirs:  # the journal and its keys, open in the server: they grow as in real use
+            dirs.remove(STATE_DIR)
         for name in files:
+            if name == IDENTITY_FILE and root == str(path):
+                continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(root, name))
 

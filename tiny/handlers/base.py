@@ -1,10 +1,10 @@
 """What every handler shares: its typed dependencies, the JSON error shape, limits and auth.
 
-Every non-200 answer is ``{"error": {"status": S, "message": "..."}}`` (tiny.httpserver's
+Every non-200 answer is ``{"error": {"status": S, "message": "..."}}`` (tiny.protocol's
 ``error_body``, whichever way answers); the message is meant for the client and never carries
-internals. Two rules hold for every way into the server, each in one function here: whether
-an answer closes its connection (:func:`closes_connection`), and the header limits
-(:func:`header_refusal`).
+internals. Two rules hold for every endpoint, the handlers' and the /ingest delegate's
+(tiny.handlers.ingest), each in one function here: whether an answer closes its connection
+(:func:`closes_connection`), and the header limits (:func:`header_refusal`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from tornado.httputil import HTTPHeaders
 
 from tiny.config import Config
 from tiny.drain import Drain
-from tiny.httpserver import JSON, Fields, error_body
+from tiny.fasthead import Fields
 from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
 from tiny.metrics import Metrics
 from tiny.pacing import Paced, ReadPacer
+from tiny.protocol import JSON, error_body
 from tiny.sink import DailyFileSink
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def check_token(token: str | None, authorization: str) -> None:
 
 def closes_connection(drain: Drain, body_read: bool) -> bool:
     """Whether an answer closes its connection (says ``Connection: close``, and the server then
-    closes it and reads nothing more: tiny.httpserver): while draining, and whenever the answer
+    closes it and reads nothing more: tiny.connection): while draining, and whenever the answer
     comes before the request's whole body was read (an early 401, 405, 413, 415 or 431), whose
     rest is never read. Said out loud, a proxy does not put the connection back in its
     keep-alive pool and send the next request into a close."""
@@ -158,7 +159,7 @@ class JSONHandler(web.RequestHandler):
 
     def finish(self, chunk: str | bytes | dict[str, Any] | None = None) -> Any:
         if closes_connection(self.deps.drain, self.body_read()):
-            self.set_header("Connection", "close")  # tiny.httpserver closes the connection after it
+            self.set_header("Connection", "close")  # tiny.connection closes the connection after it
         return super().finish(chunk)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:

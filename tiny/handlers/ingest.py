@@ -1,28 +1,34 @@
-"""``POST /ingest``: the HTTP side of the data flow, handler -> codec -> rejects -> sink."""
+"""``/ingest``: the HTTP side of the data flow, request -> codec -> rejects -> sink, one delegate for every way in."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from datetime import UTC, datetime
+from typing import Any
 
 import orjson
-from tornado import web
+from tornado import httputil
+from tornado.log import access_log
 
 from tiny import codec, layout, rejects
-from tiny.handlers.base import APIError, Deps, JSONHandler
+from tiny.handlers.base import APIError, Deps, closes_connection, header_refusal
 from tiny.handlers.rules import Head
 from tiny.journal import Claim
 from tiny.limits import INLINE_DECODE_BYTES, MAX_ERRORS
 from tiny.profiling import profile
+from tiny.protocol import answer_head, error_body
 from tiny.sink import BacklogFull, SinkError
+
+log = logging.getLogger("tiny.handlers")
 
 
 @profile
 async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool]:
-    """One /ingest request once its whole body is in, whichever way it came (this handler, or
-    tiny.handlers.lean): decoded, encoded, written; returns the 200 answer and whether it was
-    replayed from a stored key. Raises APIError for every other answer (400 or 413 for a gzip
-    body, 422, 503)."""
+    """One /ingest request once its whole body is in (:class:`IngestRequest`): decoded,
+    encoded, written; returns the 200 answer and whether it was replayed from a stored key.
+    Raises APIError for every other answer (400 or 413 for a gzip body, 422, 503)."""
     sink = deps.sink
     if not sink.journal.is_open:  # it failed to open (or was refused since): try again, or say why
         try:
@@ -87,14 +93,27 @@ def _encode(deps: Deps, head: Head, body: bytes) -> tuple[codec.Batch, dict[str,
     return batch, chunks, digest
 
 
-@web.stream_request_body
-class IngestHandler(JSONHandler):
-    """``POST /ingest``: NDJSON CRAN records in, appended to the day files, then a 200.
+def route(deps: Deps, start_line: httputil.RequestStartLine, headers: Any, connection: Any) -> IngestRequest | None:
+    """The :class:`IngestRequest` of a request to ``/ingest`` (any method, any query string), or
+    None for any other path. ``headers`` and ``connection`` are those of the parser that read
+    the head: an ``HTTPHeaders`` and a tiny.connection.TornadoConnection, or tiny.fasthead's
+    ``Fields`` and a tiny.connection.FastConnection."""
+    path = start_line.path
+    if path != "/ingest" and path.partition("?")[0] != "/ingest":
+        return None
+    return IngestRequest(deps, start_line.method, connection)
 
-    - The request rules (tiny.handlers.rules): method, token, Idempotency-Key, encoding,
-      type, declared and streamed body limit, gzip limits; refused before the body is read
-      where the headers already tell.
-    - Body: one JSON object per line (LF or CRLF).
+
+class IngestRequest(httputil.HTTPMessageDelegate):
+    """``/ingest``: NDJSON CRAN records in, appended to the day files, then a 200. Every request
+    to /ingest reaches this delegate, whichever parser read its head, and it answers every one.
+
+    - The header limits (tiny.handlers.base.header_refusal: 431) and the request rules
+      (tiny.handlers.rules: 405 with ``Allow: POST`` for another method, 401, 400, 415, 413
+      in that order), checked when the head is in: a refusal is answered before the body is
+      read, with ``Connection: close`` (the rest of the body is never read).
+    - Body: one JSON object per line (LF or CRLF), Content-Length or chunked (extensions and
+      trailers taken), held to --max-body as it streams in (413).
     - 200 once every valid row and every reject is written (see tiny.sink), with counts and
       the first MAX_ERRORS line errors; invalid lines never fail the batch.
     - ``Idempotency-Key`` (1-255 visible ASCII characters, optionally in double quotes):
@@ -103,66 +122,113 @@ class IngestHandler(JSONHandler):
       with the same body later, from any process sharing the data dir, gets that answer again
       with ``Idempotent-Replayed: true`` and writes nothing; with another body, 422. A second
       request with a key whose first is still in flight waits for it, then is answered so.
-    - 400 corrupt gzip or a malformed Idempotency-Key, 401 bad token, 405 other methods, 422
-      a key reused for another body, 431 header limits, 503 + Retry-After when the backlog is
-      full or the disk refuses the write (nothing stored: a retry is processed afresh).
+    - 400 corrupt gzip, 422 a key reused for another body, 503 + Retry-After when the backlog
+      is full or the disk refuses the write (nothing stored: a retry is processed afresh).
+
+    Every answer is one block (tiny.protocol.answer_head, the connection's ``write_answer``):
+    Server, Content-Type, Date, Content-Length, then ``Idempotent-Replayed``, ``Retry-After``,
+    ``Allow`` or ``WWW-Authenticate`` where they apply, then ``Connection``. It keeps the drain's
+    in-flight count and its ``Connection: close`` (tiny.handlers.base.closes_connection), the
+    metrics (``tiny_requests_total{handler="ingest"}``, the duration, and
+    ``tiny_ingest_heads_total`` by the parser that read the head) and the log line of a refusal.
     """
 
-    name = "ingest"
-    allowed = ("POST",)
-    SUPPORTED_METHODS = ("POST", "GET", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
+    def __init__(self, deps: Deps, method: str, connection: Any) -> None:
+        self.deps = deps
+        self.method = method
+        self.connection = connection
+        self.started = time.monotonic()
+        self.head = Head(None, False)
+        self.chunks: list[bytes] = []
+        self.received = 0
+        self.answered = False
+        self.body_read = False
+        self.task: asyncio.Task[None] | None = None
+        deps.metrics.heads[connection.parser].inc()
+        deps.drain.in_flight += 1
+        self.counted = True
 
-    def initialize(self, deps: Deps) -> None:
-        super().initialize(deps)
-        self._chunks: list[bytes] = []
-        self._received = 0
-        self._counted = False
-        self._body_read = False
-        self._head = Head(None, False)
-
-    def prepare(self) -> None:
-        self._counted = True
-        self.deps.drain.in_flight += 1
-        super().prepare()  # header limits
-        self._head = self.deps.rules.head(self.request.method or "", self.request.headers)
-        # The rules hold the body to --max-body while it streams (data_received) and answer a
-        # JSON 413; Tornado's own limit would answer a bare 400 first: lifted for this request.
-        self.request.connection.set_max_body_size(2**62)  # type: ignore[union-attr]
+    def headers_received(self, start_line: httputil.RequestStartLine | httputil.ResponseStartLine, headers: Any) -> Any:
+        """Check the head (header limits, request rules); a refusal is answered at once, and its
+        future (done once written) returned, so Tornado's parser reads nothing more."""
+        try:
+            refused = header_refusal(headers)
+            if refused is not None:
+                raise refused
+            self.head = self.deps.rules.head(self.method, headers)
+        except APIError as exc:
+            written = self._refuse(exc)
+            self._done()  # nothing more of it is read
+            return written
+        # The rules hold the body to --max-body as it streams in (data_received), with a JSON
+        # 413; Tornado's own limit would answer a bare 400 first: lifted for this request.
+        self.connection.set_max_body_size(2**62)
+        self.connection.set_body_timeout(self.deps.config.body_timeout)
+        return None
 
     def data_received(self, chunk: bytes) -> None:
-        if self._finished:
+        if self.answered:
             return
-        self._received += len(chunk)
-        refused = self.deps.rules.over_limit(self._received)
+        self.received += len(chunk)
+        refused = self.deps.rules.over_limit(self.received)
         if refused is not None:
-            self._chunks = []
-            self.send_error(refused.status_code, exc_info=(type(refused), refused, None))
+            self.chunks = []
+            self._refuse(refused)
             return
-        self._chunks.append(chunk)
+        self.chunks.append(chunk)
 
-    def body_read(self) -> bool:
-        return self._body_read
-
-    async def post(self) -> None:
-        self._body_read = True  # Tornado calls post() once the whole body is in
-        if self._finished:  # answered already (413 while streaming)
-            return
-        body = b"".join(self._chunks)
-        self._chunks = []
-        answer, replayed = await process(self.deps, self._head, body)
-        if replayed:
-            self.set_header("Idempotent-Replayed", "true")
-        self.finish(answer)
-
-    def _done(self) -> None:
-        if self._counted:
-            self._counted = False
-            self.deps.drain.in_flight -= 1
-
-    def on_finish(self) -> None:
-        self._done()
-        super().on_finish()
+    def finish(self) -> None:
+        self.body_read = True
+        if not self.answered:
+            body = b"".join(self.chunks)
+            self.chunks = []
+            self.task = asyncio.ensure_future(self._process(body))  # referenced: not collected mid-way
+        else:
+            self._done()
 
     def on_connection_close(self) -> None:
+        self.chunks = []
         self._done()
-        super().on_connection_close()
+
+    async def finished(self) -> None:
+        """Return once the answer is handed to the connection, or the connection is gone
+        (the fast way reads the next request only then)."""
+        if self.task is not None:
+            await self.task
+
+    async def _process(self, body: bytes) -> None:
+        try:
+            answer, replayed = await process(self.deps, self.head, body)
+        except APIError as exc:
+            self._refuse(exc)
+        except Exception:
+            log.exception("uncaught exception in POST /ingest")
+            self._refuse(APIError(500, "Internal Server Error"))
+        else:
+            self._answer(200, answer, {"Idempotent-Replayed": "true"} if replayed else None)
+        finally:
+            self._done()
+
+    def _refuse(self, exc: APIError) -> Any:
+        log.warning("%d %s /ingest: %s", exc.status_code, self.method, exc.message)
+        return self._answer(exc.status_code, error_body(exc.status_code, exc.message), exc.headers)
+
+    def _answer(self, status: int, body: bytes, extra: dict[str, str] | None) -> Any:
+        if self.answered or self.connection.stream.closed():
+            return None
+        self.answered = True
+        close = closes_connection(self.deps.drain, self.body_read)
+        head = answer_head(status, len(body), extra)
+        written = self.connection.write_answer(head, b"" if self.method == "HEAD" else body, close)
+        seconds = time.monotonic() - self.started
+        self.deps.metrics.observe_request("ingest", status, seconds)
+        if status >= 500:
+            access_log.error(
+                "%d %s /ingest (%s) %.2fms", status, self.method, self.connection.context.remote_ip, 1000 * seconds
+            )
+        return written
+
+    def _done(self) -> None:
+        if self.counted:
+            self.counted = False
+            self.deps.drain.in_flight -= 1

@@ -4,10 +4,10 @@
 its body (:meth:`IngestRules.head`: 405, 401, 400, 415 or 413 in that order, as a JSON
 :class:`~tiny.handlers.base.APIError`), then holds the body to the one limit, ``max_body``,
 twice: while it streams in (:meth:`IngestRules.over_limit`) and when it is decompressed
-(:meth:`IngestRules.decode`, :func:`gunzip`). A request handler and any leaner way into
-/ingest call the same three. (Tornado's own body limit, ``max_body_size``, is lifted for
-/ingest, whose limit answers a JSON 413 instead of Tornado's bare 400; it guards the other
-endpoints, which take no body: tiny.limits.MAX_OTHER_BODY.)
+(:meth:`IngestRules.decode`, :func:`gunzip`). The one way into /ingest (tiny.handlers.ingest)
+calls the three. (Tornado's own body limit, ``max_body_size``, is lifted for /ingest, whose
+limit answers a JSON 413 instead of Tornado's bare 400; it guards the other endpoints, which
+take no body: tiny.limits.MAX_OTHER_BODY.)
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from tornado.http1connection import is_transfer_encoding_chunked
 from tornado.httputil import HTTPHeaders, HTTPInputError
 
+from tiny.fasthead import Fields
 from tiny.handlers.base import APIError, check_token
-from tiny.httpserver import Fields
 from tiny.limits import MAX_GZIP_MEMBERS, MAX_KEY, MAX_LENGTH_DIGITS
 
 _MIN_FEED, _MAX_FEED = 64, 64 * 1024  # bytes given to zlib at once (see gunzip)
@@ -64,12 +64,12 @@ class IngestRules:
 
     def head(self, method: str, headers: HTTPHeaders | Fields) -> Head:
         """The request's :class:`Head`, or the APIError that refuses it before its body is read:
-        405 a method other than POST, 401 a missing or wrong token, 400 a malformed key, 415 an
+        405 a method other than POST (with ``Allow: POST``), 401 a missing or wrong token, 400 a malformed key, 415 an
         encoding other than identity or gzip or a type that is not NDJSON, 413 a declared
         Content-Length over ``max_body`` (400 one that is not decimal digits, a Transfer-Encoding
         with it, or one other than chunked)."""
         if method != "POST":
-            raise APIError(405, "use POST to send records")
+            raise APIError(405, "use POST to send records", {"Allow": "POST"})
         check_token(self.token, headers.get("Authorization", ""))
         key = idempotency_key(headers.get_list("Idempotency-Key")) or idempotency_key(
             headers.get_list(PROXY_KEY_HEADER), PROXY_KEY_HEADER

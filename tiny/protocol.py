@@ -1,0 +1,114 @@
+"""The HTTP/1.1 rules that every way into the server applies, each stated once, in one function.
+
+Whichever parser read a request's head (tiny.fasthead, or Tornado's ``HTTP1Connection``) and
+whichever code answers it (the /ingest delegate, the refusal of a Host, a RequestHandler through
+tiny.handlers.base), these decide the same way:
+
+- :func:`host_refusal`: which Host headers are refused (Tornado 6.6.1's rule, RFC 9112 section
+  3.2, which Tornado applies only when it builds an ``HTTPServerRequest``);
+- :func:`keeps_alive`: whether a request's connection may carry another request after its
+  answer (RFC 9112 section 9.3; Tornado's ``_can_keep_alive``, held equal by a test);
+- :func:`connection_line`: the ``Connection`` header of an answer;
+- :func:`error_body` and :func:`answer_head`: the bytes of every error body, and the status line
+  and headers of every answer the server writes itself (the ones a RequestHandler writes carry
+  the same headers, in Tornado's order).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import orjson
+import tornado
+from tornado import httputil
+
+JSON = "application/json; charset=utf-8"  # said out loud: a client need not guess (httr warns when it must)
+SERVER = f"TornadoServer/{tornado.version}"  # what a RequestHandler says
+
+# RFC 3986's host (brackets and colons anywhere, as Tornado simplifies it) and an optional port:
+# Tornado 6.6.1's own pattern (httputil._ABNF.host), which tests/test_httpserver.py holds equal to
+# the rule Tornado applies.
+_HOST = re.compile(r"(?:(?:[\[\]:]|[A-Za-z0-9\-._~]|[!$&'()*+,;=]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?")
+
+
+def error_body(status: int, message: str) -> bytes:
+    """The body of every error answer, whichever way answers it: ``{"error": {"status": S,
+    "message": "..."}}``, the message meant for the client."""
+    return orjson.dumps({"error": {"status": status, "message": message}})
+
+
+def host_refusal(version: str, host: str | None) -> str | None:
+    """Why a request of HTTP ``version`` whose Host header is ``host`` (its lines joined with
+    commas, as HTTPHeaders joins them; None without one) is refused with a 400, or None when it
+    is not: Tornado 6.6.1's rule (``HTTPServerRequest.__init__``). A Host is required but in
+    HTTP/1.0; it is ``host[:port]`` of RFC 3986's characters; a comma means two."""
+    if host is None:
+        return None if version == "HTTP/1.0" else "the Host header is missing; a request needs one, but in HTTP/1.0"
+    if not _HOST.fullmatch(host):
+        return f"the Host header {host[:64]!r} is not a host name with an optional port"
+    if "," in host:
+        return f"the Host header {host[:64]!r} was sent more than once or holds a list; send one host"
+    return None
+
+
+def keeps_alive(version: str, method: str, headers: httputil.HTTPHeaders | dict[str, str]) -> bool:
+    """Whether the connection of a request may carry another one after its answer, as the
+    client asked (RFC 9112 section 9.3, as Tornado 6.6.1 reads it): HTTP/1.1 unless it says
+    ``Connection: close``; HTTP/1.0 when it says ``Connection: keep-alive`` and its body has a
+    length (Content-Length or chunked; GET and HEAD have none to wait for). The server may
+    still close after an answer of its own accord (tiny.handlers.base.closes_connection)."""
+    asked = headers.get("Connection")
+    asked = asked.lower() if asked is not None else None
+    if version == "HTTP/1.1":
+        return asked != "close"
+    encoding = headers.get("Transfer-Encoding")
+    if "Content-Length" in headers:
+        framed = True
+    elif encoding is not None:  # another than chunked is refused before any answer (Tornado, the rules)
+        framed = encoding.lower() == "chunked"
+    else:
+        framed = method in ("HEAD", "GET")
+    return framed and asked == "keep-alive"
+
+
+def connection_line(version: str, close: bool, keep_alive: bool, asked_keep_alive: bool) -> bytes:
+    """The ``Connection`` line of an answer, as ``HTTP1Connection.write_headers`` writes it:
+    ``close`` when the server closes the connection after the answer of its own accord
+    (``close``: an early answer, a drain) or an HTTP/1.1 request's connection ends with it (not
+    ``keep_alive``); ``Keep-Alive`` to an HTTP/1.0 request that asked for it; else none
+    (HTTP/1.0 closes by default)."""
+    if close or (version == "HTTP/1.1" and not keep_alive):
+        return b"Connection: close\r\n"
+    if version == "HTTP/1.0" and asked_keep_alive:
+        return b"Connection: Keep-Alive\r\n"
+    return b""
+
+
+def answer_head(status: int, length: int, extra: dict[str, str] | None = None) -> bytes:
+    """The status line and headers of an answer the server writes itself, but its ``Connection``
+    line and the empty line: Server, Content-Type (JSON), Date, Content-Length ``length``, then
+    ``extra`` in its order."""
+    lines = [_HEADS.get(status) or _head_for(status), b"Date: ", _date(), b"\r\nContent-Length: %d\r\n" % length]
+    for name, value in (extra or {}).items():  # in Http-Header-Case, as a RequestHandler writes them
+        lines.append(f"{'-'.join([word.capitalize() for word in name.split('-')])}: {value}\r\n".encode("latin1"))
+    return b"".join(lines)
+
+
+def _head_for(status: int) -> bytes:
+    """The status line and the headers that every answer with ``status`` carries before its Date."""
+    reason = httputil.responses.get(status, "Unknown")
+    return f"HTTP/1.1 {status} {reason}\r\nServer: {SERVER}\r\nContent-Type: {JSON}\r\n".encode()
+
+
+_HEADS = {status: _head_for(status) for status in (200, 400, 401, 405, 413, 415, 422, 431, 500, 503)}
+_DATE = {0: b""}  # {second: its HTTP date}: one formatting per second, not per answer
+
+
+def _date() -> bytes:
+    now = int(time.time())
+    date = _DATE.get(now)
+    if date is None:
+        _DATE.clear()
+        date = _DATE[now] = httputil.format_timestamp(now).encode()
+    return date
