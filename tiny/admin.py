@@ -14,7 +14,7 @@ the journal through SQLite's online backup, dropping the keys stored after that 
 the files' committed sizes as they were at that instant (none past the sizes copied). A
 retry of any batch against the copy then writes it exactly once. A plain ``cp -r`` of a live
 data dir is refused by the server instead (the journal and the files come from different
-moments: tiny.journal). DEST must not exist.
+moments: tiny.datadir). DEST must not exist.
 
 ``set-journal-mode`` changes the mode every server on the data dir must use (``wal`` on one
 host, ``delete`` for writers on several hosts); stop every server on the data dir first.
@@ -40,7 +40,9 @@ from pathlib import Path
 
 from tiny import layout
 from tiny.aggregates import Aggregates, aggregates_path
-from tiny.journal import MODES, Journal, JournalError, stored_mode
+from tiny.commit import CommitError, Refused
+from tiny.commit.local import LocalCommit
+from tiny.keys import MODES, stored_mode
 
 log = logging.getLogger("tiny.admin")
 _COPY_BLOCK = 1 << 20
@@ -48,11 +50,11 @@ _COPY_BLOCK = 1 << 20
 
 def backup(data_dir: Path, dest: Path, lock_timeout: float = 30.0) -> dict[str, int]:
     """Copy the live data dir ``data_dir`` to the new directory ``dest`` (see the module
-    docstring); returns the files and bytes copied and the keys kept. JournalError when the
+    docstring); returns the files and bytes copied and the keys kept. CommitError when the
     data dir's journal is refused, FileExistsError when ``dest`` exists."""
     if dest.exists():
         raise FileExistsError(f"{dest} exists; back up into a new directory")
-    journal = Journal(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
+    journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
     journal.open()
     try:
         with journal.locked():  # one instant: the files, the intent and the keys agree
@@ -60,7 +62,7 @@ def backup(data_dir: Path, dest: Path, lock_timeout: float = 30.0) -> dict[str, 
             intent = layout.intent_path(data_dir).read_bytes()
             committed = layout.sizes_path(data_dir).read_bytes()  # each at most the size noted now
             lock_line = layout.lock_path(data_dir).read_bytes()[:64]
-            newest = journal.last[1] if journal.last else 0
+            newest = journal.keys.last[1] if journal.keys.last else 0
         dest.mkdir(parents=True)
         layout.state_dir(dest).mkdir()
         copied = 0
@@ -102,12 +104,12 @@ def _copy_prefix(source: Path, target: Path, size: int) -> int:
     return size
 
 
-def _copy_journal(journal: Journal, target: Path, newest: int) -> int:
+def _copy_journal(journal: LocalCommit, target: Path, newest: int) -> int:
     """SQLite's online backup of the journal into ``target``, without the keys stored after
     seq ``newest`` (their rows are past the copied sizes); returns the keys kept."""
     copy = sqlite3.connect(target)
     try:
-        journal.db.backup(copy)
+        journal.keys.db.backup(copy)
         copy.execute("DELETE FROM idempotency_keys WHERE seq > ?", (newest,))
         copy.commit()
         mode = copy.execute("SELECT value FROM meta WHERE name = 'journal_mode'").fetchone()[0]
@@ -120,23 +122,22 @@ def _copy_journal(journal: Journal, target: Path, newest: int) -> int:
 def set_journal_mode(data_dir: Path, mode: str, lock_timeout: float = 30.0) -> str:
     """Switch the data dir's journal to ``mode``; returns the mode it had. Every server on the
     data dir must be stopped (SQLite refuses to leave WAL mode while another process has the
-    journal open: JournalError)."""
+    journal open: Refused)."""
     current = stored_mode(data_dir)
     if current is None:
-        raise JournalError(f"{data_dir} has no journal of this version to change")
-    journal = Journal(data_dir, mode=current, lock_timeout=lock_timeout)
+        raise Refused(f"{data_dir} has no journal of this version to change")
+    journal = LocalCommit(data_dir, mode=current, lock_timeout=lock_timeout)
     journal.open()
     try:
         with journal.locked():
             try:
-                found = journal.db.execute(f"PRAGMA journal_mode={'WAL' if mode == 'wal' else 'DELETE'}").fetchone()[0]
+                db = journal.keys.db
+                found = db.execute(f"PRAGMA journal_mode={'WAL' if mode == 'wal' else 'DELETE'}").fetchone()[0]
             except sqlite3.OperationalError as exc:
-                raise JournalError(
-                    f"SQLite refused the change ({exc}): stop every server on {data_dir} first"
-                ) from None
+                raise Refused(f"SQLite refused the change ({exc}): stop every server on {data_dir} first") from None
             if found.lower() != mode:
-                raise JournalError(f"SQLite kept the journal in {found} mode: stop every server on {data_dir} first")
-            journal.db.execute("UPDATE meta SET value = ? WHERE name = 'journal_mode'", (mode.encode(),))
+                raise Refused(f"SQLite kept the journal in {found} mode: stop every server on {data_dir} first")
+            db.execute("UPDATE meta SET value = ? WHERE name = 'journal_mode'", (mode.encode(),))
     finally:
         journal.close()
     return current
@@ -145,7 +146,7 @@ def set_journal_mode(data_dir: Path, mode: str, lock_timeout: float = 30.0) -> s
 def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
     """Count the aggregates of ``data_dir`` again from its day files, up to the sizes they had,
     committed, at one instant (noted under the flush lock, after recovery); returns the rows."""
-    journal = Journal(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
+    journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
     journal.open()
     try:
         with journal.locked():
@@ -189,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             before = set_journal_mode(args.data_dir, args.mode)
             print(f"the journal of {args.data_dir} was in {before} mode, now {args.mode}")
-    except (JournalError, OSError, sqlite3.Error) as exc:
+    except (CommitError, OSError, sqlite3.Error) as exc:
         print(f"tiny-admin: {exc}", file=sys.stderr)
         return 1
     return 0

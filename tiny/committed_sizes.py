@@ -2,10 +2,12 @@
 
 A day file shorter than what was committed to it has lost acknowledged rows (cut or replaced by
 hand, an older copy restored, a data dir copied file by file while a server wrote to it), and
-the keys of those rows would answer their retries "replayed". The journal (tiny.journal)
-therefore keeps, for every file a flush ever appended to, the size that flush left once it was
-committed, and compares: every file at open, and each flush's files before it writes (against
-the size the flush fstat'ed anyway). This module is that table, and nothing else.
+the keys of those rows would answer their retries "replayed". The journal therefore keeps, for
+every file a flush ever appended to, the size that flush left once it was committed
+(tiny.intent records it after each commit point), and compares: every file at open
+(:func:`check_all`, tiny.datadir), and each flush's files before it writes (tiny.intent,
+against the size the flush fstat'ed anyway); a refusal (:func:`shorter_message`) names the file
+and the bytes missing. This module is that table and its check.
 
 The file is a row of 64-byte slots, each one ``pwrite`` at an offset that is a multiple of 64
 (so within one disk sector): slot 0 is the header (``TINYSIZE``, the format, the data dir's
@@ -22,6 +24,11 @@ from __future__ import annotations
 
 import os
 import zlib
+from pathlib import Path
+
+from tiny import layout
+from tiny.files import size_of
+from tiny.refusals import Found
 
 SLOT = 64
 MAX_NAME = 48
@@ -141,3 +148,24 @@ class SizeTable:
         """Every file's recorded size (for the check at open): one read of the whole table."""
         self._slots, self._count = {}, 1
         return self._read_new_slots()
+
+
+def shorter_message(data_dir: Path, name: str, found: int, committed: int) -> str:
+    """The refusal of a file of ``data_dir`` found ``found`` bytes long (-1: missing) where
+    ``committed`` bytes are known committed: what is missing."""
+    what = "is missing" if found < 0 else f"is {found} bytes"
+    return (
+        f"{data_dir / name} {what}: {committed - max(found, 0)} bytes shorter than the {committed} that the "
+        f"journal knows were committed to it ({layout.sizes_path(data_dir)}): acknowledged rows are gone (the "
+        "file cut, replaced or deleted by hand, an older copy restored, or the data dir copied file by file while "
+        "a server wrote to it: `tiny-admin backup` copies a live one). Restore the file"
+    )
+
+
+def check_all(table: SizeTable, data_dir: Path) -> None:
+    """Every file of the table is at least as long as it is known committed; Found, naming the
+    first that is not and the bytes it misses, otherwise. One read of the table, a stat a file."""
+    for name, size in table.items().items():
+        found = size_of(data_dir / name)
+        if found < size:
+            raise Found(shorter_message(data_dir, name, found, size))
