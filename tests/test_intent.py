@@ -12,7 +12,7 @@ import pytest
 from tests.journal_support import claims, opened
 from tiny import layout
 from tiny.commit.local import LocalCommit
-from tiny.intent import FileSpan, parse
+from tiny.intent import FINISHED, UNDONE, FileSpan, parse
 from tiny.refusals import Found
 from tiny.testing import ROOT, server_env
 
@@ -185,3 +185,21 @@ def test_a_position_is_none_until_one_is_written_and_a_torn_record_refuses_to_gu
     intent.write_bytes(intent.read_bytes()[:-2])  # a power loss tore it
     with journal.locked(), pytest.raises(Found, match="the position committed with the files is not known"):
         journal.intent.committed_position()
+
+
+def test_a_settled_record_rewritten_without_forgotten_files_keeps_its_state_and_the_rest(tmp_path: Path) -> None:
+    for name in ("a.csv", "b.csv"):
+        (tmp_path / name).write_bytes(b"h\n1\n")
+    journal = opened(tmp_path)
+    with journal.locked():
+        journal.intent.write([FileSpan("a.csv", 2, 4, False), FileSpan("b.csv", 2, 4, False)], position=(1, 2))
+        journal.intent.mark_committed()
+        journal.intent.rewrite_without({"a.csv"})
+        record = journal.intent.read()
+        journal.intent.write([FileSpan("a.csv", 4, 6, False)])
+        journal.intent.mark_undone()
+        journal.intent.rewrite_without({"a.csv"})
+        undone = journal.intent.read()
+    assert record is not None and record.state == FINISHED and record.position == (1, 2)
+    assert record.spans == [FileSpan("b.csv", 2, 4, False)]
+    assert undone is not None and undone.state == UNDONE and undone.spans == []

@@ -1,9 +1,10 @@
-"""Operator commands on a data dir: a consistent backup of a live one, its journal mode, its aggregates.
+"""Operator commands on a data dir: a live backup, its journal mode, its aggregates, files forgotten knowingly.
 
 Usage (``tiny-admin`` once installed, or ``python -m tiny.admin`` from the source tree):
     tiny-admin backup DATA_DIR DEST [--lock-timeout 30]
     tiny-admin set-journal-mode DATA_DIR {wal,delete}
     tiny-admin rebuild-aggregates DATA_DIR [--lock-timeout 30]
+    tiny-admin forget DATA_DIR FILE... [--remove] [--lock-timeout 30]
 
 ``backup`` copies a data dir while servers write to it, so that the copy is one the server
 accepts and that holds exactly what was acknowledged at one instant: it takes the data dir's
@@ -24,6 +25,19 @@ day files, e.g. after a day file was edited by hand; servers may run meanwhile: 
 answering from the old counts until the new ones replace them in one transaction, and a
 query that must bring the counts up to date waits (a 503 after 10 s).
 
+``forget`` is the knowing way past a data file deleted or cut on purpose (say, a day no longer
+kept), which the journal otherwise refuses until the file is restored (its committed size,
+tiny.committed_sizes: acknowledged rows are gone). Servers may run meanwhile. Under the flush
+lock, after recovery, for each FILE (a day file or a rejects file, named relative to DATA_DIR or
+as a path inside it): a missing file's committed size is forgotten; a file shorter than its
+committed size is accepted at the size it has; with ``--remove``, a file that is there is
+removed, and its committed size forgotten. A file that is whole without ``--remove``, a name
+that is not a data file, or a missing file with nothing committed to it refuses the command
+before anything changes. It keeps every key: a retry of a batch whose rows were in a forgotten
+file is answered "replayed" within the window, not written again (``--new-journal``, the other
+way, forgets every key). The counts of the downloads API follow by themselves (a day file
+found shorter than what was counted is counted again).
+
 Exit status: 0 done, 1 refused (the message says why), 2 bad usage.
 """
 
@@ -42,6 +56,8 @@ from tiny import layout
 from tiny.aggregates import Aggregates, aggregates_path
 from tiny.commit import CommitError, Refused
 from tiny.commit.local import LocalCommit
+from tiny.committed_sizes import SizeTable
+from tiny.files import size_of
 from tiny.keys import MODES, stored_mode
 
 log = logging.getLogger("tiny.admin")
@@ -163,6 +179,76 @@ def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
         store.close()
 
 
+def forget(data_dir: Path, files: Sequence[str], remove: bool = False, lock_timeout: float = 30.0) -> list[str]:
+    """Forget, knowingly, what was committed to the data files ``files`` of ``data_dir`` (see
+    the module docstring); returns one line per file saying what was done. Refused, with
+    nothing changed, when a name is not a data file, a file is whole and ``remove`` is not
+    given, or a missing file has nothing committed to it; CommitError when the journal is."""
+    mode = stored_mode(data_dir)
+    if mode is None:
+        raise Refused(f"{data_dir} has no journal of this version: there is nothing to forget")
+    names = list(dict.fromkeys(_data_file(data_dir, given) for given in files))
+    journal = LocalCommit(data_dir, mode=mode, lock_timeout=lock_timeout)
+    journal.open(check_sizes=False)  # every other check holds
+    try:
+        with journal.locked():
+            table = journal.intent.sizes
+            assert table is not None
+            plans = [_plan(data_dir, table, name, remove) for name in names]  # before any change
+            # No flush half done, but for the files forgotten: whatever an unfinished flush
+            # wrote to them goes with what is forgotten of them.
+            journal.intent.recover(journal.keys.is_stored, forgotten=frozenset(names))
+            done = [_carry_out(data_dir, table, *plan) for plan in plans]
+            journal.intent.rewrite_without(set(names))  # the last flush's sizes of them are forgotten too
+    finally:
+        journal.close()
+    return done
+
+
+def _data_file(data_dir: Path, given: str) -> str:
+    """The name, relative to ``data_dir``, of the data file ``given`` names: a path that lies
+    inside the data dir (taken from the current directory), or a name relative to it. Refused
+    for anything that is not a day file or a rejects file."""
+    path = Path(given)
+    root = data_dir.resolve()
+    inside = (Path.cwd() / path).parent.resolve() / path.name
+    name = str(inside.relative_to(root)) if inside.is_relative_to(root) else os.path.normpath(given)
+    if not layout.is_data_file(name):
+        raise Refused(
+            f"{given} is not a data file of {data_dir} (a day file YYYY-MM-DD.csv or rejects/YYYY-MM-DD.ndjson): "
+            "nothing was changed"
+        )
+    return name
+
+
+def _plan(data_dir: Path, table: SizeTable, name: str, remove: bool) -> tuple[str, int, int, bool]:
+    """(name, its size now (-1: missing), the size committed to it, whether it is removed), or
+    Refused when forgetting it is not what the operator can mean."""
+    committed = max((size for _, size in table.slots_of(name)), default=0)
+    size = size_of(data_dir / name)
+    if size < 0 and committed == 0:
+        raise Refused(f"{data_dir / name} does not exist and nothing was committed to it: nothing was changed")
+    if size >= committed and not remove:
+        raise Refused(
+            f"{data_dir / name} is whole ({size} bytes, {committed} committed): there is nothing to forget; "
+            "--remove removes it and its committed size. Nothing was changed"
+        )
+    return name, size, committed, remove and size >= 0
+
+
+def _carry_out(data_dir: Path, table: SizeTable, name: str, size: int, committed: int, removed: bool) -> str:
+    path = data_dir / name
+    if removed:
+        path.unlink()
+        table.forget(name)
+        return f"removed {path} ({size} bytes) and its committed size ({committed} bytes)"
+    if size < 0:
+        table.forget(name)
+        return f"forgot {path}: it is missing; the {committed} bytes committed to it are no longer expected"
+    table.accept(name, size)
+    return f"accepted {path} at {size} bytes: the {committed - size} bytes cut from its end are forgotten"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
     parser = argparse.ArgumentParser(prog="tiny-admin", description="Operator commands on a Tiny Data Server data dir.")
@@ -179,11 +265,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rebuild.add_argument("data_dir", type=Path)
     rebuild.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for the flush lock (30)")
+    gone = commands.add_parser(
+        "forget", help="accept, knowingly, data files deleted or cut on purpose (every key is kept)"
+    )
+    gone.add_argument("data_dir", type=Path)
+    gone.add_argument("files", nargs="+", help="day or rejects files, relative to DATA_DIR or paths inside it")
+    gone.add_argument("--remove", action="store_true", help="remove the files that are there, too")
+    gone.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for the flush lock (30)")
     args = parser.parse_args(argv)
     try:
         if args.command == "backup":
             done = backup(args.data_dir, args.dest, args.lock_timeout)
             print(f"copied {done['files']} files ({done['bytes']} bytes) and {done['keys']} keys to {args.dest}")
+        elif args.command == "forget":
+            print("\n".join(forget(args.data_dir, args.files, args.remove, args.lock_timeout)))
         elif args.command == "rebuild-aggregates":
             rows = rebuild_aggregates(args.data_dir, args.lock_timeout)
             print(f"counted {rows:,} rows of {args.data_dir} into {aggregates_path(args.data_dir)}")

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from tiny import layout
 from tiny.commit.errors import Refused
-from tiny.committed_sizes import SizeTable, SizeTableError, check_all
+from tiny.committed_sizes import SizeTable, SizeTableError, check_all, ways_past
 from tiny.files import fsync_dir, size_of, write_durably
 from tiny.flushlock import FlushLock
 from tiny.intent import FINISHED, LIVE, FileSpan, IntentFile, parse
@@ -62,11 +62,13 @@ def open_journal(
     *,
     known_id: str | None = None,
     accept_new: bool = False,
+    check_sizes: bool = True,
 ) -> Identity:
     """Open (or create) the journal files of ``lock.data_dir`` into the three pieces and
     recover an unfinished flush; see the module docstring. ``known_id``: the id this process
-    used the data dir under before (a reopening must find the same). The caller closes the
-    pieces on any failure."""
+    used the data dir under before (a reopening must find the same). ``check_sizes`` False:
+    every check but the files' committed sizes (tiny-admin forget, which settles them). The
+    caller closes the pieces on any failure."""
     state = layout.state_dir(lock.data_dir)
     try:
         state.mkdir(parents=True, exist_ok=True)
@@ -74,7 +76,7 @@ def open_journal(
         raise Refused(f"cannot create the journal's folder {state}: {exc.strerror or exc}") from None
     lock.open()
     deadline = time.monotonic() + lock.lock_timeout
-    opening = _Opening(lock, intent, keys, known_id)
+    opening = _Opening(lock, intent, keys, known_id, check_sizes)
     with lock.holding_lock_file(lock.lock_timeout):
         try:
             identity = opening.attach(deadline)
@@ -91,10 +93,11 @@ def open_journal(
 class _Opening:
     """One opening of a data dir's journal (the lock file's flock held throughout)."""
 
-    def __init__(self, lock: FlushLock, intent: IntentFile, keys: KeyStore, known_id: str | None) -> None:
+    def __init__(self, lock: FlushLock, intent: IntentFile, keys: KeyStore, known_id: str | None, sizes: bool) -> None:
         self.lock, self.intent, self.keys = lock, intent, keys
         self.data_dir = lock.data_dir
         self.known_id = known_id
+        self.check_sizes = sizes
 
     def close_files(self) -> None:
         """Close the keys, the intent (and its fence) and the sizes; the lock file stays open."""
@@ -141,7 +144,8 @@ class _Opening:
         self.keys.read_newest()
         committed = self._check_history()
         self._open_sizes(found_id, tracked="sizes" in meta)
-        self._check_sizes(committed)
+        if self.check_sizes:
+            self._check_sizes(committed)
         return Identity(found_id, bytes(meta["digest_key"]))
 
     def _attach_without_id(self, pending: str | None) -> Identity:
@@ -249,7 +253,8 @@ class _Opening:
                 raise Found(
                     f"{self.data_dir / span.name} is {max(size, 0)} bytes, shorter than the {span.size_after} the "
                     f"last committed flush left (per {self.intent.path}): the files are older than the journal "
-                    "(restored, or copied while a server wrote), or were cut by hand"
+                    "(restored, or copied while a server wrote), or were cut by hand. "
+                    f"{ways_past(self.data_dir, span.name)}"
                 )
         return [span for span in record.spans if span.size_after is not None]
 

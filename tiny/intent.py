@@ -49,7 +49,7 @@ from pathlib import Path
 import orjson
 
 from tiny import layout
-from tiny.committed_sizes import SizeTable, shorter_message
+from tiny.committed_sizes import SizeTable, shorter_message, ways_past
 from tiny.files import size_of
 from tiny.flushlock import open_fd
 from tiny.refusals import Found
@@ -170,10 +170,12 @@ class IntentFile:
         """The record the file holds; None when it holds none or a torn one."""
         return parse(os.pread(self.fd, _READ_WHOLE, 0))
 
-    def recover(self, committed: Callable[[str], bool]) -> int:
+    def recover(self, committed: Callable[[str], bool], forgotten: frozenset[str] = frozenset()) -> int:
         """Recover the flush a crash left unfinished, if any (see the module docstring);
         ``committed(key)`` says whether a first key is stored. Returns the files cut back. A
-        file not where the flush could have left it raises Found, the record left as it is."""
+        file not where the flush could have left it raises Found, the record left as it is.
+        ``forgotten``: files left as they are (tiny-admin forget removes or accepts them: their
+        bytes of an uncommitted flush go with them)."""
         if os.pread(self.fd, 1, 0) != LIVE:  # the usual case: finished, or never written
             return 0
         record = self.read()
@@ -182,7 +184,7 @@ class IntentFile:
             self._mark(UNDONE)
             return 0
         kept = record.first_key is not None and committed(record.first_key)
-        spans = record.spans
+        spans = [span for span in record.spans if span.name not in forgotten]
         for span in spans:
             self._check_recoverable(span, kept)
         if kept:
@@ -207,7 +209,8 @@ class IntentFile:
         if size < low:
             raise Found(
                 f"{path} is {max(size, 0)} bytes{'' if size >= 0 else ' (missing)'}, shorter than the {low} that the "
-                f"unfinished flush in {self.path} records: the files are older than the journal, or were cut by hand"
+                f"unfinished flush in {self.path} records: the files are older than the journal, or were cut by hand. "
+                f"{ways_past(self.data_dir, span.name)}"
             )
 
     def cut_back(self, spans: Sequence[FileSpan]) -> None:
@@ -250,6 +253,18 @@ class IntentFile:
                     self.sizes.record(span.name, span.size_after)
         except OSError as exc:
             log.error("could not record the committed sizes of a flush (%s): %s", self.sizes.path, exc)
+
+    def rewrite_without(self, names: set[str]) -> None:
+        """Drop ``names`` from a settled record (not under way), its state kept, in one pwrite:
+        their files were forgotten (tiny-admin forget), so the history check at open no longer
+        holds them to the sizes this record gives them."""
+        record = self.read()
+        if record is None or record.state == LIVE or not any(s.name in names for s in record.spans):
+            return
+        kept = [s for s in record.spans if s.name not in names]
+        self._write_record(record.state, kept, record.first_key, record.last, record.position)  # one pwrite
+        if self.fsync:
+            os.fsync(self.fd)
 
     def committed_position(self) -> int | None:
         """The outside position committed with the data files: the position of the last flush

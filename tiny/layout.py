@@ -35,6 +35,7 @@ REJECTS_DIR = "rejects"
 STATE_DIR = ".tiny"
 IDENTITY_FILE = ".tiny-id"
 _DAY_FILE = re.compile(r"(\d{4}-\d{2}-\d{2})\.csv\Z")
+_REJECTS_FILE = re.compile(rf"{REJECTS_DIR}/\d{{4}}-\d{{2}}-\d{{2}}\.ndjson\Z")
 
 
 def day_file(day: str) -> str:
@@ -51,6 +52,11 @@ def day_of(name: str) -> str | None:
     """The ``YYYY-MM-DD`` a file name is the day file of, or None for any other name."""
     match = _DAY_FILE.match(name)
     return match.group(1) if match else None
+
+
+def is_data_file(name: str) -> bool:
+    """``name`` (relative to DATA_DIR) is a day file or a rejects file: a file flushes append to."""
+    return _DAY_FILE.match(name) is not None or _REJECTS_FILE.match(name) is not None
 
 
 def parse_day(text: str) -> str:

@@ -99,14 +99,17 @@ class LocalCommit:
         """Keys in the journal at this process's last commit with keys."""
         return self.keys.count
 
-    def open(self, accept_new: bool = False) -> None:
+    def open(self, accept_new: bool = False, check_sizes: bool = True) -> None:
         """Attach to the data dir's journal, creating it in a data dir that has none
-        (tiny.datadir says what is refused, and what ``accept_new`` replaces). On any failure
-        nothing stays open."""
+        (tiny.datadir says what is refused, and what ``accept_new`` replaces). ``check_sizes``
+        False: every check but the files' committed sizes (tiny-admin forget only). On any
+        failure nothing stays open."""
         if self.is_open:
             return
         try:
-            identity = open_journal(self.lock, self.intent, self.keys, known_id=self.dir_id, accept_new=accept_new)
+            identity = open_journal(
+                self.lock, self.intent, self.keys, known_id=self.dir_id, accept_new=accept_new, check_sizes=check_sizes
+            )
         except (sqlite3.Error, OSError) as exc:
             self.close()
             raise Refused(f"the journal {self.keys.path} cannot be used: {exc}") from None
