@@ -17,6 +17,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -73,7 +74,7 @@ def steps(journal: LocalCommit, day: Path, count: int, keyed: bool, per_flush: i
             order: tuple[tuple[str, Callable[[], object]], ...] = (
                 ("lock", lock),
                 ("recover", lambda: journal.intent.recover(journal.keys.is_stored)),
-                ("claim", lambda keys=keys: journal.keys.claim(keys)),
+                ("claim", functools.partial(journal.keys.claim, keys)),
                 ("intend", intend),
                 ("write", lambda: os.write(fd, b"x\n")),  # the data: not the journal's
                 ("confirm", flush.confirm),  # the lock, the intent and the file still the flush's

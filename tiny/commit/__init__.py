@@ -92,8 +92,13 @@ class Receipt:
 class Append(Protocol):
     """One append of a flush, as the sink queues it."""
 
-    chunks: Mapping[str, bytes]  # file name relative to the data dir -> the bytes it adds
-    claim: Claim | None
+    @property
+    def chunks(self) -> Mapping[str, bytes]:
+        """File name, relative to the data dir -> the bytes the append adds to it."""
+        ...
+
+    @property
+    def claim(self) -> Claim | None: ...
 
 
 class CommitPoint(Protocol):
