@@ -37,7 +37,7 @@ codec: $(VENV)/.codec ## build the compiled codec (Rust/PyO3, needs cargo) into 
 run: venv codec ## serve on 127.0.0.1:8000 (data in ./data); pass flags as ARGS="--processes 2"
 	$(BIN)/python app.py $(ARGS)
 
-sysdeps: ## install nginx, ab, supervisord, chromium (the dashboard test), R (the cranlogs client's test) and strace when missing (apt-get)
+sysdeps: ## install nginx, ab, supervisord, chromium (the dashboard test), R (the cranlogs client's test), strace, and PostgreSQL 15, Patroni and etcd (the cluster tests; their services disabled) when missing (apt-get)
 	@command -v nginx >/dev/null && command -v ab >/dev/null && command -v supervisord >/dev/null && \
 	  command -v strace >/dev/null && command -v chromium >/dev/null && command -v Rscript >/dev/null && \
 	  Rscript -e 'for (p in c("httr", "jsonlite", "testthat")) loadNamespace(p)' >/dev/null 2>&1 || { \
@@ -45,6 +45,11 @@ sysdeps: ## install nginx, ab, supervisord, chromium (the dashboard test), R (th
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    nginx apache2-utils supervisor strace chromium fonts-dejavu-core \
 	    r-base-core r-cran-httr r-cran-jsonlite r-cran-testthat >/dev/null; }
+	@command -v patroni >/dev/null && command -v etcd >/dev/null && [ -x /usr/lib/postgresql/15/bin/postgres ] || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    postgresql-15 patroni etcd-server >/dev/null && \
+	  { $(SUDO) systemctl disable --now etcd.service patroni.service >/dev/null 2>&1 || true; }; }
 
 check: venv ## ruff (lint and format) and mypy
 	$(BIN)/ruff check .

@@ -1,0 +1,79 @@
+"""What the cluster tests share: a fresh database per test, commit logs that close, a frozen WAL receiver."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tiny.testing_pg import ETCD, PATRONI, PG_BIN, PgCluster
+
+MISSING = [
+    name
+    for name, path in (("patroni", PATRONI), ("etcd", ETCD), ("postgresql-15", str(PG_BIN / "postgres")))
+    if not (shutil.which(path) or os.path.exists(path))
+]
+try:
+    import psycopg  # noqa: F401
+except ImportError:  # pragma: no cover - requirements.txt pins it
+    MISSING.append("psycopg")
+
+NEEDS_CLUSTER = pytest.mark.skipif(
+    bool(MISSING), reason=f"needs {', '.join(MISSING)} (`make sysdeps` and requirements.txt install them)"
+)
+
+
+def fresh_database(cluster: PgCluster) -> str:
+    """A new, empty database on the cluster; the cluster's DSN naming it."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    on_primary(cluster.dsn, f"CREATE DATABASE {name}")
+    return with_params(cluster.dsn, dbname=name)
+
+
+def with_params(dsn: str, **params: str) -> str:
+    """``dsn`` with ``params`` set (host, port, user, password, dbname...)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    return make_conninfo("", **{**conninfo_to_dict(dsn), **params})
+
+
+def on_primary(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """``sql`` on the primary of ``dsn``, autocommit; its rows."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cursor = conn.execute(sql, params)  # type: ignore[arg-type]
+        return cursor.fetchall() if cursor.description else []
+
+
+@contextlib.contextmanager
+def wal_receiver_stopped(cluster: PgCluster, node: str) -> Iterator[int]:
+    """SIGSTOP node's WAL receiver (it stops flushing what the primary sends, while the primary
+    and Patroni still see it streaming, as synchronous standby); SIGCONT on leaving. Yields its pid."""
+    rows = cluster.query(node, "SELECT pid FROM pg_stat_wal_receiver")
+    assert rows, f"{node} has no WAL receiver"
+    pid = int(rows[0][0])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def eventually(check: Callable[[], Any], timeout: float, pause: float = 0.05) -> Any:
+    """``check()``'s first truthy result within ``timeout`` seconds; AssertionError past it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {check}")
+        time.sleep(pause)

@@ -1,0 +1,44 @@
+"""The PostgreSQL cluster harness: it starts healthy and leaves nothing behind, whatever the test did."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster_support import NEEDS_CLUSTER, on_primary
+from tiny.testing_pg import PgCluster, _stat
+
+pytestmark = [pytest.mark.slow, NEEDS_CLUSTER, pytest.mark.timeout(180)]
+
+
+def segments() -> set[int]:
+    """The System V shared memory segments that exist now."""
+    out = subprocess.run(["ipcs", "-m"], capture_output=True, text=True, check=True).stdout
+    return {int(line.split()[1]) for line in out.splitlines() if line.startswith("0x")}
+
+
+def test_a_cluster_starts_healthy_and_is_gone_after_a_failing_test(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """The harness's start (to healthy) and its stop after a test that froze one node, killed another and raised."""
+    before = segments()
+    with pytest.raises(RuntimeError, match="the test failed"), PgCluster(tmp_path) as cluster:
+        primary, standby = cluster.primary(), cluster.sync_standby()
+        assert primary in cluster.nodes and standby in cluster.nodes and primary != standby
+        rows = on_primary(cluster.dsn, "SELECT application_name, sync_state FROM pg_stat_replication ORDER BY 1")
+        assert sorted(state for _, state in rows) == ["async", "sync"]
+        assert on_primary(cluster.dsn, "SELECT current_setting('synchronous_commit')") == [("on",)]
+        pids = {name: cluster._pids(node) for name, node in cluster.nodes.items()}
+        assert all(len(found) >= 5 for found in pids.values())  # Patroni, a postmaster and its children
+        home = cluster.home
+        cluster.stop(str(standby))  # frozen: SIGKILL must still take it
+        cluster.kill(str(primary))  # killed: its shared memory segment stays behind
+        assert not cluster.alive(str(primary))
+        raise RuntimeError("the test failed")
+    left = [pid for found in pids.values() for pid in found if _stat(pid) is not None]  # zombies are gone
+    assert left == []
+    assert not home.exists()
+    assert segments() <= before  # the killed primary's segment removed too
+    assert (tmp_path / "pg-logs" / f"{primary}-patroni.log").exists()
+    figures.update(start_seconds=round(cluster.started_in, 1), stop_seconds=round(cluster.stopped_in, 1))
