@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tiny.cluster.log import CommitLog
-from tiny.journal import Claim
+from tiny.commit import Claim
 from tiny.testing import sample_csv
 from tiny.testing_pg import PgCluster
 

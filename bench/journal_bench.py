@@ -1,12 +1,14 @@
-"""The journal's cost per flush, in-process: tiny.journal.Journal alone, no HTTP, no codec.
+"""The journal's cost per flush, in-process: the local commit point (tiny.commit.local) alone, no HTTP, no codec.
 
 Each round runs ``--flushes`` flushes of one small append to one day file, without a key and
 then with a fresh key each, on a journal that holds ``--keys`` random keys first, and prints
-the process CPU per flush of each step (taking the lock with its checks of the files'
-identity and its holder record, recovery's check, the claim, the intent with the check of the
-file's committed size, the check before the commit point, the commit, marking the intent
-committed with the record of the file's committed size) in microseconds. The data dir is a temp dir under
-``--dir`` (default: the system's), removed afterwards.
+the process CPU per flush of each step, taken one by one with the journal's pieces (taking the
+lock with its checks of the files' identity and its holder record, recovery's check, the
+claim, the intent with the check of the file's committed size, the check before the commit
+point, the commit, marking the intent committed with the record of the file's committed size)
+in microseconds; then the same flushes whole, as the sink asks for them
+(``LocalCommit.commit``: the steps, the file's opening and write, and the decisions). The data
+dir is a temp dir under ``--dir`` (default: the system's), removed afterwards.
 
 Usage:
     python bench/journal_bench.py [--flushes 3000] [--keys 20000] [--rounds 2] [--dir DIR] [--keys-per-flush 1]
@@ -15,56 +17,71 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tiny.journal import Claim, Intent, Journal
+from tiny.appender import FileFlush
+from tiny.commit import Claim
+from tiny.commit.local import LocalCommit
+from tiny.flushlock import Holding
+from tiny.intent import FileSpan
 
 STEPS = ("lock", "recover", "claim", "intend", "confirm", "commit", "finish")
 
 
-def intend(journal: Journal, fd: int, day: Path, first_key: str | None, intents: list[Intent]) -> None:
-    """The flush's intent, as the sink writes it (the size it fstat's; the committed size checked)."""
-    size = os.fstat(fd).st_size
-    intents.append(Intent(day.name, size, size + 2, False))
-    journal.intend(intents, first_key)
+@dataclass
+class _Append:
+    chunks: dict[str, bytes]
+    claim: Claim | None
 
 
-def flushes(journal: Journal, day: Path, count: int, keyed: bool, per_flush: int = 1) -> dict[str, float]:
+def _claims(keyed: bool, per_flush: int) -> list[Claim]:
+    # 60 characters, as bench/run.py's
+    new = (f"bench-{uuid.uuid4().hex}-{uuid.uuid4().hex[:24]}" for _ in range(per_flush if keyed else 0))
+    return [Claim(key, b"d" * 16, b"a" * 120) for key in new]
+
+
+def steps(journal: LocalCommit, day: Path, count: int, keyed: bool, per_flush: int = 1) -> dict[str, float]:
     """CPU µs per flush of each step, over ``count`` flushes."""
     spent = dict.fromkeys(STEPS, 0.0)
     clock = time.process_time
-    fd = os.open(day, os.O_WRONLY | os.O_APPEND)
+    fd = os.open(day, os.O_RDWR | os.O_APPEND)
     try:
         for _ in range(count):
-            # 60 characters, as bench/run.py's
-            new = (f"bench-{uuid.uuid4().hex}-{uuid.uuid4().hex[:24]}" for _ in range(per_flush if keyed else 0))
-            keys = [Claim(key, b"d" * 16, b"a" * 120) for key in new]
-            held = []
-            intents: list[Intent] = []
-            steps = (
-                ("lock", lambda held=held: held.append(journal.locked())),  # the flock, the files' checks, the holder
-                ("recover", journal.recover),
-                ("claim", lambda keys=keys: journal.claim(keys)),
-                (
-                    "intend",
-                    lambda first=keys[0].key if keys else None, intents=intents: intend(
-                        journal, fd, day, first, intents
-                    ),
-                ),
+            keys = _claims(keyed, per_flush)
+            held: list[Holding] = []
+            flush = journal.appender.flush()
+
+            def lock(held: list[Holding] = held) -> None:  # the flock, the files' checks, the holder
+                held.append(journal.lock.holding())
+                journal.keys.check_file()
+
+            def intend(first: str | None = keys[0].key if keys else None, flush: FileFlush = flush) -> None:
+                size = os.fstat(fd).st_size  # the size the flush fstat's; the committed size checked
+                flush.opened.append((fd, FileSpan(day.name, size, size + 2, False)))
+                journal.intent.write([flush.opened[0][1]], first, journal.keys.last)
+                flush.intended = True
+
+            order: tuple[tuple[str, Callable[[], object]], ...] = (
+                ("lock", lock),
+                ("recover", lambda: journal.intent.recover(journal.keys.is_stored)),
+                ("claim", functools.partial(journal.keys.claim, keys)),
+                ("intend", intend),
                 ("write", lambda: os.write(fd, b"x\n")),  # the data: not the journal's
-                # the lock, the intent and the file still the flush's, as the sink asks before its commit point
-                ("confirm", lambda intents=intents: journal.confirm([(fd, intents[0])])),
-                ("commit", journal.commit),
-                ("finish", journal.finish),  # with the record of the file's committed size
+                ("confirm", flush.confirm),  # the lock, the intent and the file still the flush's
+                ("commit", journal.keys.commit),
+                ("finish", journal.intent.mark_committed),  # with the record of the file's committed size
             )
-            for step, run in steps:
+            for step, run in order:
                 started = clock()
                 run()
                 if step != "write":
@@ -73,6 +90,18 @@ def flushes(journal: Journal, day: Path, count: int, keyed: bool, per_flush: int
     finally:
         os.close(fd)
     return {step: seconds / count * 1e6 for step, seconds in spent.items()}
+
+
+def whole(journal: LocalCommit, day: Path, count: int, keyed: bool, per_flush: int = 1) -> float:
+    """CPU µs per flush of ``LocalCommit.commit``, over ``count`` flushes."""
+    spent = 0.0
+    for _ in range(count):
+        claims = _claims(keyed, per_flush)
+        appends = [_Append({day.name: b"x\n"}, claim) for claim in claims] or [_Append({day.name: b"x\n"}, None)]
+        started = time.process_time()
+        journal.commit(appends, time.monotonic() + 5)
+        spent += time.process_time() - started
+    return spent / count * 1e6
 
 
 def main() -> int:
@@ -85,18 +114,22 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         data = Path(tmp)
-        journal = Journal(data)
+        journal = LocalCommit(data)
         journal.open()
         with journal.locked():
-            journal.claim([Claim(f"warm-{uuid.uuid4().hex}", b"d" * 16, b"a" * 120) for _ in range(args.keys)])
-            journal.commit()
+            journal.keys.claim([Claim(f"warm-{uuid.uuid4().hex}", b"d" * 16, b"a" * 120) for _ in range(args.keys)])
+            journal.keys.commit()
         day = data / "2014-05-04.csv"
         day.write_bytes(b"h\n")
         for _ in range(args.rounds):
             for keyed in (False, True):
-                steps = flushes(journal, day, args.flushes, keyed, args.keys_per_flush)
-                detail = ", ".join(f"{step} {us:.1f}" for step, us in steps.items())
-                print(f"{'with a key' if keyed else 'no key':10}  {sum(steps.values()):6.1f} µs/flush  ({detail})")
+                spent = steps(journal, day, args.flushes, keyed, args.keys_per_flush)
+                detail = ", ".join(f"{step} {us:.1f}" for step, us in spent.items())
+                name = "with a key" if keyed else "no key"
+                print(f"{name:10}  {sum(spent.values()):6.1f} µs/flush  ({detail})")
+            for keyed in (False, True):
+                name = "with a key" if keyed else "no key"
+                print(f"{name:10}  {whole(journal, day, args.flushes, keyed, args.keys_per_flush):6.1f} µs/flush whole")
         journal.close()
     return 0
 

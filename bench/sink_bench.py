@@ -48,6 +48,7 @@ import aiofiles
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tiny.commit.local import LocalCommit  # noqa: E402
 from tiny.sink import DailyFileSink  # noqa: E402
 
 Append = Callable[[bytes], Awaitable[None]]
@@ -107,7 +108,7 @@ def _thread(path: Path, fsync: bool) -> tuple[Append, Callable[[], Awaitable[Non
 
 
 def _group_commit(path: Path, fsync: bool) -> tuple[Append, Callable[[], Awaitable[None]]]:
-    sink = DailyFileSink(path.parent, fsync=fsync, max_backlog=2**40)
+    sink = DailyFileSink(LocalCommit(path.parent, fsync=fsync), max_backlog=2**40)
 
     async def append(data: bytes) -> None:
         await sink.append({path.name: data})

@@ -119,7 +119,9 @@ def render(entries: list[dict[str, Any]], command: str) -> str:
         "Every number below comes from that real run: real server processes on 127.0.0.1, real signals, "
         "real files (tests/test_faults.py, tests/test_fuzz_http.py, tests/test_codec_properties.py, "
         "tests/test_cluster.py, tests/test_idempotency.py, tests/test_stalls.py, tests/test_data_dir.py; "
-        "the journal's and the sink's own cases in-process: tests/test_journal.py, tests/test_sink.py).",
+        "the journal's and the sink's own cases in-process: tests/test_datadir.py, tests/test_flushlock.py, "
+        "tests/test_intent.py, tests/test_committed_sizes.py, tests/test_keys.py, tests/test_appender.py, "
+        "tests/test_sink.py).",
         "",
         f"Reproduce: `{command}`. The same tests run, shorter, in `make test`.",
         "",

@@ -27,7 +27,7 @@ from tests.cluster_support import NEEDS_CLUSTER, eventually, fresh_database
 from tiny.cluster.errors import NotCommitted, OutcomeUnknown, Unavailable
 from tiny.cluster.log import Batch, CommitLog
 from tiny.cluster.session import Timeouts
-from tiny.journal import Claim
+from tiny.commit import Claim
 from tiny.testing_pg import PgCluster
 
 pytestmark = [pytest.mark.slow, NEEDS_CLUSTER, pytest.mark.timeout(300)]

@@ -29,7 +29,7 @@ from tests.cluster_support import (
 from tiny.cluster.errors import ClusterError, LogTrimmed, NotCommitted, OutcomeUnknown, Unavailable
 from tiny.cluster.log import Batch, CommitLog
 from tiny.cluster.session import Timeouts
-from tiny.journal import Claim, Stored
+from tiny.commit import Claim, Stored
 from tiny.testing_pg import PgCluster
 
 pytestmark = [pytest.mark.slow, NEEDS_CLUSTER, pytest.mark.timeout(240)]

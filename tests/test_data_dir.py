@@ -25,6 +25,7 @@ from tests.support import (
     wait_for,
 )
 from tiny import layout
+from tiny.layout import HEADER
 from tiny.testing import server_env
 
 DAYS = ("2014-05-04", "2014-05-05")
@@ -275,3 +276,86 @@ def test_a_live_copy_made_day_by_day_is_refused_naming_the_file_and_the_bytes_mi
     log = start_fails(copy)
     assert f"{copy / day1} is {(copy / day1).stat().st_size} bytes: {missing} bytes shorter than the" in log
     assert "--new-journal" in log
+
+
+# -- tiny-admin forget: a data file deleted or cut on purpose, with a server running -----------
+
+
+def admin(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tiny.admin", *args], cwd=ROOT, env=server_env(), capture_output=True, text=True
+    )
+
+
+def post_day(server: Server, batch: int, day: str) -> int:
+    return server.ingest(body_of(batch, days=(day,)), key(batch)).status
+
+
+def test_a_day_file_deleted_on_purpose_is_forgotten_knowingly_under_a_running_server(tmp_path: Path) -> None:
+    """The refusal names the command; the command forgets the file under the server's lock;
+    the server writes the day again without a restart, a retry of a batch that was in the
+    deleted file is answered replayed (every key kept), and a restart starts."""
+    data = tmp_path / "data"
+    day1, day2 = (data / f"{day}.csv" for day in DAYS)
+    with Server(data) as server:
+        assert post_day(server, 0, DAYS[0]) == 200 and post_day(server, 1, DAYS[1]) == 200
+        committed = day1.stat().st_size
+        day1.unlink()  # a day no longer kept, removed by hand
+        refused = server.ingest(body_of(2, days=(DAYS[0],)), key(2))
+        assert refused.status == 503  # the precondition: the check refuses the day
+        assert f"run `tiny-admin forget {data} {DAYS[0]}.csv`" in refused.json()["error"]["message"]
+        assert post_day(server, 3, DAYS[1]) == 503  # the data dir as a whole, until it is settled
+        done = admin("forget", str(data), str(day1))  # named as a path inside the data dir
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == (
+            f"forgot {day1}: it is missing; the {committed} bytes committed to it are no longer expected"
+        )
+        time.sleep(1.1)  # a refused journal is tried again at most once a second
+        assert post_day(server, 2, DAYS[0]) == 200 and post_day(server, 3, DAYS[1]) == 200
+        again = server.ingest(body_of(0, days=(DAYS[0],)), key(0))
+        assert again.status == 200 and again.headers.get("idempotent-replayed") == "true"
+    assert day1.read_bytes().startswith(HEADER)  # a new file: its header once
+    with Server(data) as restarted:
+        assert post_day(restarted, 4, DAYS[0]) == 200
+    written = {batch: body_of(batch, days=(DAYS[0],)) for batch in (2, 4)}
+    assert_exactly_once(data, written | {batch: body_of(batch, days=(DAYS[1],)) for batch in (1, 3)})
+
+
+def test_forget_accepts_a_cut_file_removes_one_only_when_asked_and_refuses_what_is_not_a_data_file(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    day1, day2 = (data / f"{day}.csv" for day in DAYS)
+    with Server(data) as server:
+        assert post_day(server, 0, DAYS[0]) == 200
+        one_batch = day1.stat().st_size
+        assert post_day(server, 1, DAYS[0]) == 200
+        assert post_day(server, 10, DAYS[1]) == 200 and post_day(server, 11, DAYS[1]) == 200
+        two_batches, day2_size = day1.stat().st_size, day2.stat().st_size
+        with open(day1, "r+b") as cut:
+            cut.truncate(one_batch)  # the second batch cut on purpose
+        assert post_day(server, 2, DAYS[0]) == 503  # the precondition: refused until forgotten
+        before = {path: path.read_bytes() for path in (day1, day2, layout.sizes_path(data), layout.intent_path(data))}
+        for names, why in (
+            ([DAYS[1] + ".csv"], "is whole"),
+            ([DAYS[0] + ".csv", ".tiny/journal.sqlite3"], "is not a data file"),
+            ([f"../{DAYS[0]}.csv"], "is not a data file"),
+            ([str(tmp_path / "elsewhere" / f"{DAYS[0]}.csv")], "is not a data file"),
+            (["2014-05-06.csv"], "does not exist and nothing was committed to it"),
+        ):
+            refused = admin("forget", str(data), *names)
+            assert refused.returncode == 1 and why in refused.stderr, refused.stderr
+            assert "nothing was changed" in refused.stderr.lower()
+        assert {path: path.read_bytes() for path in before} == before
+        accepted = admin("forget", str(data), f"{DAYS[0]}.csv")
+        assert accepted.returncode == 0, accepted.stderr
+        assert accepted.stdout.strip() == (
+            f"accepted {day1} at {one_batch} bytes: the {two_batches - one_batch} bytes cut from its end are forgotten"
+        )
+        removed = admin("forget", "--remove", str(data), f"{DAYS[1]}.csv")
+        assert removed.returncode == 0 and not day2.exists(), removed.stderr
+        assert removed.stdout.startswith(f"removed {day2} ({day2_size} bytes)")
+        time.sleep(1.1)
+        assert post_day(server, 2, DAYS[0]) == 200 and post_day(server, 12, DAYS[1]) == 200
+    kept = {batch: body_of(batch, days=(DAYS[0],)) for batch in (0, 2)}
+    assert_exactly_once(data, kept | {12: body_of(12, days=(DAYS[1],))})

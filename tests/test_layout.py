@@ -33,3 +33,9 @@ def test_rejects_file_is_named_for_the_utc_day_received() -> None:
 def test_parse_day_refuses_what_is_not_a_calendar_date(text: str) -> None:
     with pytest.raises(ValueError):
         layout.parse_day(text)
+
+
+def test_a_data_file_is_a_day_file_or_a_rejects_file_named_from_the_data_dir() -> None:
+    assert layout.is_data_file("2014-05-04.csv") and layout.is_data_file("rejects/2014-05-04.ndjson")
+    for name in ("../2014-05-04.csv", "x/2014-05-04.csv", ".tiny/sizes", "2014-05-04.csv.bak", "rejects/a.ndjson"):
+        assert not layout.is_data_file(name), name

@@ -1,4 +1,4 @@
-"""The daily-file sink: header once, group commit, all-or-nothing flushes."""
+"""The sink (tiny.sink) over the local commit point: header once, group commit, all-or-nothing flushes, answers."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import fcntl
 import os
 import sqlite3
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from tiny import layout
-from tiny.journal import Claim, Journal, Stored
-from tiny.sink import BacklogFull, DailyFileSink, SinkError
+from tiny.commit import Append, Claim, OutcomeUnknown, Receipt, Refused, Stored, Unavailable, WriteFailed
+from tiny.commit.local import LocalCommit
+from tiny.sink import BacklogFull, DailyFileSink, Outcome, SinkError
 
 HEADER = b"h\n"
 
@@ -22,12 +24,18 @@ def run(coro: object) -> object:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
-def make(tmp_path: Path, **kwargs: object) -> tuple[DailyFileSink, list[tuple[int, bool]]]:
+def make(
+    tmp_path: Path, fsync: bool = False, lock_timeout: float = 5.0, **kwargs: object
+) -> tuple[DailyFileSink, list[tuple[int, bool]]]:
+    """A sink on the local commit point of ``tmp_path`` (``kwargs``: the sink's own bounds),
+    and the (bytes, ok) of each flush it reports."""
     flushes: list[tuple[int, bool]] = []
-    sink = DailyFileSink(
-        tmp_path, headers={".csv": HEADER}, on_flush=lambda s, n, ok: flushes.append((n, ok)), **kwargs
-    )  # type: ignore[arg-type]
+    journal = LocalCommit(tmp_path, fsync=fsync, lock_timeout=lock_timeout, headers={".csv": HEADER})
+    sink = DailyFileSink(journal, on_flush=lambda s, n, ok: flushes.append((n, ok)), **kwargs)  # type: ignore[arg-type]
     return sink, flushes
+
+
+WRITTEN = Outcome(None)
 
 
 def append_then_close(tmp_path: Path, *appends: dict[str, bytes]) -> None:
@@ -68,7 +76,7 @@ def test_a_failed_flush_rolls_back_every_file_it_wrote(tmp_path: Path) -> None:
     async def go() -> None:
         sink, flushes = make(tmp_path)
         await sink.append({"a.csv": b"kept\n"})
-        with pytest.raises(SinkError):
+        with pytest.raises(WriteFailed):
             await sink.append({"a.csv": b"lost\n", "b.csv": b"x\n"})
         await sink.close()
         assert flushes[-1][1] is False
@@ -147,7 +155,7 @@ def test_one_appends_failure_never_fails_another_appends_write(tmp_path: Path) -
         return results
 
     first, failed, last = run(go())  # type: ignore[misc]
-    assert first is None and last is None and isinstance(failed, SinkError)
+    assert first == last == WRITTEN and isinstance(failed, WriteFailed)
     assert (tmp_path / "a.csv").read_bytes() == b"h\n0\n1\n2\n"
 
 
@@ -157,7 +165,7 @@ def test_a_failed_flush_removes_the_files_it_created(tmp_path: Path) -> None:
 
     async def go() -> None:
         sink, _ = make(tmp_path)
-        with pytest.raises(SinkError):
+        with pytest.raises(WriteFailed):
             await sink.append({"new.csv": b"1\n", "rejects/r.ndjson": b"r\n", "z.csv": b"x\n"})
         await sink.close()
 
@@ -220,13 +228,13 @@ def test_a_last_row_the_sink_did_not_write_is_kept_even_without_its_lf(tmp_path:
 def test_a_flush_killed_mid_write_is_cut_back_to_its_exact_size_by_the_next(tmp_path: Path) -> None:
     """The journal's intent gives each file's size before the flush: the next flush cuts the
     torn bytes, however many lines they hold, and nothing before them."""
-    from tiny.journal import Intent, Journal
+    from tiny.intent import FileSpan
 
     (tmp_path / "d.csv").write_bytes(b"h\n1\n2")
-    journal = Journal(tmp_path)
+    journal = LocalCommit(tmp_path)
     journal.open()
     with journal.locked():
-        journal.intend([Intent("d.csv", 5, 13, False), Intent("new.csv", 0, 5, True)])
+        journal.intent.write([FileSpan("d.csv", 5, 13, False), FileSpan("new.csv", 0, 5, True)])
     with open(tmp_path / "d.csv", "ab") as torn:
         torn.write(b"\n9\n9\n9")  # the killed flush got this far
     (tmp_path / "new.csv").write_bytes(b"h\n9")
@@ -239,7 +247,7 @@ def test_a_flush_killed_mid_write_is_cut_back_to_its_exact_size_by_the_next(tmp_
 # -- exactly once under failures (issue "Exactly-once under hangs, damage and operators' mistakes")
 
 
-def keyed(sink: DailyFileSink, key: str, rows: bytes) -> asyncio.Future[Stored | None]:
+def keyed(sink: DailyFileSink, key: str, rows: bytes) -> asyncio.Future[Outcome]:
     return sink.append({"d.csv": rows}, Claim(key, b"digest of " + rows, b"answer to " + rows))
 
 
@@ -248,7 +256,7 @@ def test_one_key_with_two_bodies_in_one_flush_the_first_append_decides(tmp_path:
     """The old tree wrote the first body's rows but stored the last one's digest and answer:
     the written body's retry got 422, the other's 200 (replayed, never written)."""
 
-    async def go() -> list[Stored | None]:
+    async def go() -> list[Outcome]:
         sink, _ = make(tmp_path)
         blocker = sink.append({"d.csv": b"0\n"})  # queued with the next two: one group, one flush
         pair = [keyed(sink, "k", b"first\n"), keyed(sink, "k", b"second\n")]
@@ -259,13 +267,13 @@ def test_one_key_with_two_bodies_in_one_flush_the_first_append_decides(tmp_path:
         return results
 
     first, second, retry_second, retry_first = run(go())  # type: ignore[misc]
-    decided = Stored(b"digest of first\n", b"answer to first\n")
-    assert first is None and second == retry_second == retry_first == decided
+    decided = Outcome(Stored(b"digest of first\n", b"answer to first\n"))
+    assert first == WRITTEN and second == retry_second == retry_first == decided
     assert (tmp_path / "d.csv").read_bytes() == b"h\n0\nfirst\n"
 
 
 def test_later_appends_of_one_key_in_one_flush_write_nothing(tmp_path: Path) -> None:
-    async def go() -> list[Stored | None]:
+    async def go() -> list[Outcome]:
         sink, _ = make(tmp_path)
         blocker = sink.append({"d.csv": b"0\n"})
         same = [keyed(sink, "k", b"1\n") for _ in range(5)]
@@ -275,7 +283,8 @@ def test_later_appends_of_one_key_in_one_flush_write_nothing(tmp_path: Path) -> 
         return results
 
     results = run(go())
-    assert results[0] is None and results[1:] == [Stored(b"digest of 1\n", b"answer to 1\n")] * 4  # type: ignore[index]
+    replayed = Outcome(Stored(b"digest of 1\n", b"answer to 1\n"))
+    assert results[0] == WRITTEN and results[1:] == [replayed] * 4  # type: ignore[index]
     assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n1\n"
 
 
@@ -286,18 +295,19 @@ def test_a_failed_keys_commit_cuts_the_rows_back_before_the_answer(tmp_path: Pat
     async def go() -> None:
         sink, _ = make(tmp_path)
         await sink.append({"d.csv": b"0\n"})
-        real = sink.journal.commit
+        keys = sink.commit_point.keys  # type: ignore[attr-defined]
+        real = keys.commit
 
         def full() -> None:
-            sink.journal.rollback()
+            keys.rollback()
             raise sqlite3.OperationalError("database or disk is full")
 
-        sink.journal.commit = full  # type: ignore[method-assign]
-        with pytest.raises(SinkError, match="disk is full"):
+        keys.commit = full
+        with pytest.raises(WriteFailed, match="disk is full"):
             await keyed(sink, "k", b"1\n")
         assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n"  # at the answer, not later
-        sink.journal.commit = real  # type: ignore[method-assign]
-        assert await keyed(sink, "k", b"1\n") is None  # the retry is processed afresh
+        keys.commit = real
+        assert await keyed(sink, "k", b"1\n") == WRITTEN  # the retry is processed afresh
         await sink.close()
 
     run(go())
@@ -312,7 +322,8 @@ def test_a_failed_mark_after_the_keys_committed_is_still_a_success(tmp_path: Pat
     async def go() -> list[object]:
         sink, _ = make(tmp_path)
         blocker = sink.append({"d.csv": b"0\n"})
-        mark = sink.journal._mark
+        intent = sink.commit_point.intent  # type: ignore[attr-defined]
+        mark = intent._mark
         failures = [OSError(5, "Input/output error")]
 
         def failing(state: bytes) -> None:
@@ -320,7 +331,7 @@ def test_a_failed_mark_after_the_keys_committed_is_still_a_success(tmp_path: Pat
                 raise failures.pop()
             mark(state)
 
-        sink.journal._mark = failing  # type: ignore[method-assign]
+        intent._mark = failing
         group = [keyed(sink, "k", b"1\n"), sink.append({"d.csv": b"2\n"})]
         await blocker
         results = await asyncio.gather(*group, return_exceptions=True)
@@ -328,7 +339,7 @@ def test_a_failed_mark_after_the_keys_committed_is_still_a_success(tmp_path: Pat
         await sink.close()
         return results
 
-    assert run(go()) == [None, None]
+    assert run(go()) == [WRITTEN, WRITTEN]
     assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n1\n2\n3\n"
 
 
@@ -338,18 +349,19 @@ def test_a_failed_mark_of_a_flush_without_keys_cuts_it_back(tmp_path: Path) -> N
     async def go() -> None:
         sink, _ = make(tmp_path)
         await sink.append({"d.csv": b"0\n"})
-        mark = sink.journal._mark
+        intent = sink.commit_point.intent  # type: ignore[attr-defined]
+        mark = intent._mark
 
         def failing(state: bytes) -> None:
             if state == b"-":
                 raise OSError(5, "Input/output error")
             mark(state)
 
-        sink.journal._mark = failing  # type: ignore[method-assign]
-        with pytest.raises(SinkError):
+        intent._mark = failing
+        with pytest.raises(WriteFailed):
             await sink.append({"d.csv": b"1\n"})
         assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n"
-        sink.journal._mark = mark  # type: ignore[method-assign]
+        intent._mark = mark
         await sink.close()
 
     run(go())
@@ -362,7 +374,7 @@ def test_a_lock_held_elsewhere_fails_the_group_once_within_the_bound(tmp_path: P
     answer names who holds the lock."""
 
     async def go() -> tuple[list[object], float, str | None]:
-        sink, _ = make(tmp_path, journal=Journal(tmp_path, lock_timeout=0.3))
+        sink, _ = make(tmp_path, lock_timeout=0.3)
         await sink.append({"d.csv": b"0\n"})
         holder = os.open(layout.lock_path(tmp_path), os.O_RDWR)
         fcntl.flock(holder, fcntl.LOCK_EX)
@@ -379,7 +391,7 @@ def test_a_lock_held_elsewhere_fails_the_group_once_within_the_bound(tmp_path: P
         return results, took, trouble
 
     results, took, trouble = run(go())  # type: ignore[misc]
-    assert all(isinstance(result, SinkError) for result in results)
+    assert all(isinstance(result, Unavailable) for result in results)
     assert f"held by pid {os.getpid()} on otherhost since 7." in str(results[0])
     assert took < 1.0
     # under a second of waiting is not reported, but the lock held elsewhere for 7 s is
@@ -389,7 +401,7 @@ def test_a_lock_held_elsewhere_fails_the_group_once_within_the_bound(tmp_path: P
 
 def test_a_wait_of_more_than_a_second_for_the_lock_is_reported(tmp_path: Path) -> None:
     async def go() -> str | None:
-        sink, _ = make(tmp_path, journal=Journal(tmp_path, lock_timeout=3))
+        sink, _ = make(tmp_path, lock_timeout=3)
         await sink.append({"d.csv": b"0\n"})
         holder = os.open(layout.lock_path(tmp_path), os.O_RDWR)
         fcntl.flock(holder, fcntl.LOCK_EX)
@@ -420,7 +432,7 @@ def test_close_is_bounded_when_the_lock_is_held_and_says_what_failed(tmp_path: P
         return written, took, outcome[0]
 
     written, took, outcome = run(go())  # type: ignore[misc]
-    assert written is False and took < 1.5 and isinstance(outcome, SinkError)
+    assert written is False and took < 1.5 and isinstance(outcome, Unavailable)
     assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n"
 
 
@@ -474,7 +486,7 @@ def test_a_refused_journal_answers_its_reason_and_is_picked_up_again_when_fixed(
 
     failed, fds, after = run(go())  # type: ignore[misc]
     reasons = [str(result) for result in failed]
-    assert all(isinstance(result, SinkError) for result in failed)
+    assert all(isinstance(result, Refused) for result in failed)
     assert "journal.sqlite3 was deleted while the server ran" in reasons[0]
     assert after <= fds
     assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n1\n"
@@ -500,7 +512,7 @@ def test_a_flush_to_a_file_cut_below_its_committed_size_is_refused_naming_the_by
         await sink.append({"a.csv": b"1\n2\n"})
         await sink.append({"b.csv": b"3\n"})
         (tmp_path / "a.csv").write_bytes(b"h\n1\n")  # cut by hand while the server runs
-        with pytest.raises(SinkError) as raised:
+        with pytest.raises(Refused) as raised:
             await sink.append({"a.csv": b"4\n"})
         await sink.close()
         return str(raised.value)
@@ -555,7 +567,7 @@ def test_trouble_names_a_writer_that_holds_the_intent_without_the_lock(tmp_path:
 @pytest.mark.hardening("third 13: a request waited twice --lock-timeout for the lock behind a /healthz probe flush")
 def test_a_request_waits_for_the_lock_at_most_the_timeout_whatever_waited_before_it(tmp_path: Path) -> None:
     async def go() -> float:
-        sink, _ = make(tmp_path, journal=Journal(tmp_path, lock_timeout=1.0))
+        sink, _ = make(tmp_path, lock_timeout=1.0)
         await sink.append({"d.csv": b"0\n"})
         holder = os.open(layout.lock_path(tmp_path), os.O_RDWR)
         fcntl.flock(holder, fcntl.LOCK_EX)
@@ -563,7 +575,7 @@ def test_a_request_waits_for_the_lock_at_most_the_timeout_whatever_waited_before
         sink.probe()  # a flush of nothing, now waiting for the lock
         await asyncio.sleep(0.5)
         started = time.monotonic()
-        with pytest.raises(SinkError):
+        with pytest.raises(Unavailable):
             await sink.append({"d.csv": b"1\n"})
         waited = time.monotonic() - started
         os.close(holder)
@@ -581,7 +593,7 @@ def test_appends_queued_behind_a_lock_timeout_wait_until_their_own_deadline(tmp_
     and is written once the lock is free within its own bound."""
 
     async def go() -> tuple[object, object]:
-        sink, _ = make(tmp_path, journal=Journal(tmp_path, lock_timeout=1.0))
+        sink, _ = make(tmp_path, lock_timeout=1.0)
         await sink.append({"d.csv": b"0\n"})
         holder = os.open(layout.lock_path(tmp_path), os.O_RDWR)
         fcntl.flock(holder, fcntl.LOCK_EX)
@@ -595,5 +607,27 @@ def test_appends_queued_behind_a_lock_timeout_wait_until_their_own_deadline(tmp_
         return answers[0], answers[1]
 
     first, second = run(go())  # type: ignore[misc]
-    assert isinstance(first, SinkError) and second is None
+    assert isinstance(first, Unavailable) and second == WRITTEN
     assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n2\n"
+
+
+def test_an_outcome_unknown_fails_the_whole_group_with_it_and_retries_no_append_alone(tmp_path: Path) -> None:
+    """Cluster mode's commit point may not know whether a flush committed (its COMMIT's answer
+    lost): here the flush did commit. Retrying its appends one by one would write them twice,
+    and no answer may say "written" or "nothing kept"."""
+
+    class AnswerLost(LocalCommit):
+        def commit(self, appends: Sequence[Append], deadline: float) -> Receipt:
+            super().commit(appends, deadline)
+            raise OutcomeUnknown("the commit's answer was lost", 7)
+
+    async def go() -> list[object]:
+        sink = DailyFileSink(AnswerLost(tmp_path, headers={".csv": HEADER}))
+        group = [sink.append({"d.csv": b"1\n"}), sink.append({"d.csv": b"2\n"})]
+        results = await asyncio.gather(*group, return_exceptions=True)
+        await sink.close()
+        return results
+
+    results = run(go())
+    assert all(isinstance(result, OutcomeUnknown) and result.retry_after == 7 for result in results)  # type: ignore[union-attr, attr-defined]
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n"  # once: not retried append by append

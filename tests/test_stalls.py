@@ -41,8 +41,8 @@ pytestmark = pytest.mark.hardening("exactly once 2: a process holding the lock f
 _HOLD = """
 import os, signal, sys
 from pathlib import Path
-from tiny.journal import Journal
-journal = Journal(Path(sys.argv[1]))
+from tiny.commit.local import LocalCommit
+journal = LocalCommit(Path(sys.argv[1]))
 journal.open()
 with journal.locked():
     print("holding", flush=True)

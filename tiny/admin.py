@@ -1,9 +1,10 @@
-"""Operator commands on a data dir: a consistent backup of a live one, its journal mode, its aggregates.
+"""Operator commands on a data dir: a live backup, its journal mode, its aggregates, files forgotten knowingly.
 
 Usage (``tiny-admin`` once installed, or ``python -m tiny.admin`` from the source tree):
     tiny-admin backup DATA_DIR DEST [--lock-timeout 30]
     tiny-admin set-journal-mode DATA_DIR {wal,delete}
     tiny-admin rebuild-aggregates DATA_DIR [--lock-timeout 30]
+    tiny-admin forget DATA_DIR FILE... [--remove] [--lock-timeout 30]
 
 ``backup`` copies a data dir while servers write to it, so that the copy is one the server
 accepts and that holds exactly what was acknowledged at one instant: it takes the data dir's
@@ -14,7 +15,7 @@ the journal through SQLite's online backup, dropping the keys stored after that 
 the files' committed sizes as they were at that instant (none past the sizes copied). A
 retry of any batch against the copy then writes it exactly once. A plain ``cp -r`` of a live
 data dir is refused by the server instead (the journal and the files come from different
-moments: tiny.journal). DEST must not exist.
+moments: tiny.datadir). DEST must not exist.
 
 ``set-journal-mode`` changes the mode every server on the data dir must use (``wal`` on one
 host, ``delete`` for writers on several hosts); stop every server on the data dir first.
@@ -23,6 +24,19 @@ host, ``delete`` for writers on several hosts); stop every server on the data di
 day files, e.g. after a day file was edited by hand; servers may run meanwhile: they go on
 answering from the old counts until the new ones replace them in one transaction, and a
 query that must bring the counts up to date waits (a 503 after 10 s).
+
+``forget`` is the knowing way past a data file deleted or cut on purpose (say, a day no longer
+kept), which the journal otherwise refuses until the file is restored (its committed size,
+tiny.committed_sizes: acknowledged rows are gone). Servers may run meanwhile. Under the flush
+lock, after recovery, for each FILE (a day file or a rejects file, named relative to DATA_DIR or
+as a path inside it): a missing file's committed size is forgotten; a file shorter than its
+committed size is accepted at the size it has; with ``--remove``, a file that is there is
+removed, and its committed size forgotten. A file that is whole without ``--remove``, a name
+that is not a data file, or a missing file with nothing committed to it refuses the command
+before anything changes. It keeps every key: a retry of a batch whose rows were in a forgotten
+file is answered "replayed" within the window, not written again (``--new-journal``, the other
+way, forgets every key). The counts of the downloads API follow by themselves (a day file
+found shorter than what was counted is counted again).
 
 Exit status: 0 done, 1 refused (the message says why), 2 bad usage.
 """
@@ -40,7 +54,11 @@ from pathlib import Path
 
 from tiny import layout
 from tiny.aggregates import Aggregates, aggregates_path
-from tiny.journal import MODES, Journal, JournalError, stored_mode
+from tiny.commit import CommitError, Refused
+from tiny.commit.local import LocalCommit
+from tiny.committed_sizes import SizeTable
+from tiny.files import size_of
+from tiny.keys import MODES, stored_mode
 
 log = logging.getLogger("tiny.admin")
 _COPY_BLOCK = 1 << 20
@@ -48,11 +66,11 @@ _COPY_BLOCK = 1 << 20
 
 def backup(data_dir: Path, dest: Path, lock_timeout: float = 30.0) -> dict[str, int]:
     """Copy the live data dir ``data_dir`` to the new directory ``dest`` (see the module
-    docstring); returns the files and bytes copied and the keys kept. JournalError when the
+    docstring); returns the files and bytes copied and the keys kept. CommitError when the
     data dir's journal is refused, FileExistsError when ``dest`` exists."""
     if dest.exists():
         raise FileExistsError(f"{dest} exists; back up into a new directory")
-    journal = Journal(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
+    journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
     journal.open()
     try:
         with journal.locked():  # one instant: the files, the intent and the keys agree
@@ -60,7 +78,7 @@ def backup(data_dir: Path, dest: Path, lock_timeout: float = 30.0) -> dict[str, 
             intent = layout.intent_path(data_dir).read_bytes()
             committed = layout.sizes_path(data_dir).read_bytes()  # each at most the size noted now
             lock_line = layout.lock_path(data_dir).read_bytes()[:64]
-            newest = journal.last[1] if journal.last else 0
+            newest = journal.keys.last[1] if journal.keys.last else 0
         dest.mkdir(parents=True)
         layout.state_dir(dest).mkdir()
         copied = 0
@@ -102,12 +120,12 @@ def _copy_prefix(source: Path, target: Path, size: int) -> int:
     return size
 
 
-def _copy_journal(journal: Journal, target: Path, newest: int) -> int:
+def _copy_journal(journal: LocalCommit, target: Path, newest: int) -> int:
     """SQLite's online backup of the journal into ``target``, without the keys stored after
     seq ``newest`` (their rows are past the copied sizes); returns the keys kept."""
     copy = sqlite3.connect(target)
     try:
-        journal.db.backup(copy)
+        journal.keys.db.backup(copy)
         copy.execute("DELETE FROM idempotency_keys WHERE seq > ?", (newest,))
         copy.commit()
         mode = copy.execute("SELECT value FROM meta WHERE name = 'journal_mode'").fetchone()[0]
@@ -120,23 +138,22 @@ def _copy_journal(journal: Journal, target: Path, newest: int) -> int:
 def set_journal_mode(data_dir: Path, mode: str, lock_timeout: float = 30.0) -> str:
     """Switch the data dir's journal to ``mode``; returns the mode it had. Every server on the
     data dir must be stopped (SQLite refuses to leave WAL mode while another process has the
-    journal open: JournalError)."""
+    journal open: Refused)."""
     current = stored_mode(data_dir)
     if current is None:
-        raise JournalError(f"{data_dir} has no journal of this version to change")
-    journal = Journal(data_dir, mode=current, lock_timeout=lock_timeout)
+        raise Refused(f"{data_dir} has no journal of this version to change")
+    journal = LocalCommit(data_dir, mode=current, lock_timeout=lock_timeout)
     journal.open()
     try:
         with journal.locked():
             try:
-                found = journal.db.execute(f"PRAGMA journal_mode={'WAL' if mode == 'wal' else 'DELETE'}").fetchone()[0]
+                db = journal.keys.db
+                found = db.execute(f"PRAGMA journal_mode={'WAL' if mode == 'wal' else 'DELETE'}").fetchone()[0]
             except sqlite3.OperationalError as exc:
-                raise JournalError(
-                    f"SQLite refused the change ({exc}): stop every server on {data_dir} first"
-                ) from None
+                raise Refused(f"SQLite refused the change ({exc}): stop every server on {data_dir} first") from None
             if found.lower() != mode:
-                raise JournalError(f"SQLite kept the journal in {found} mode: stop every server on {data_dir} first")
-            journal.db.execute("UPDATE meta SET value = ? WHERE name = 'journal_mode'", (mode.encode(),))
+                raise Refused(f"SQLite kept the journal in {found} mode: stop every server on {data_dir} first")
+            db.execute("UPDATE meta SET value = ? WHERE name = 'journal_mode'", (mode.encode(),))
     finally:
         journal.close()
     return current
@@ -145,7 +162,7 @@ def set_journal_mode(data_dir: Path, mode: str, lock_timeout: float = 30.0) -> s
 def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
     """Count the aggregates of ``data_dir`` again from its day files, up to the sizes they had,
     committed, at one instant (noted under the flush lock, after recovery); returns the rows."""
-    journal = Journal(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
+    journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
     journal.open()
     try:
         with journal.locked():
@@ -160,6 +177,76 @@ def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
         return rows
     finally:
         store.close()
+
+
+def forget(data_dir: Path, files: Sequence[str], remove: bool = False, lock_timeout: float = 30.0) -> list[str]:
+    """Forget, knowingly, what was committed to the data files ``files`` of ``data_dir`` (see
+    the module docstring); returns one line per file saying what was done. Refused, with
+    nothing changed, when a name is not a data file, a file is whole and ``remove`` is not
+    given, or a missing file has nothing committed to it; CommitError when the journal is."""
+    mode = stored_mode(data_dir)
+    if mode is None:
+        raise Refused(f"{data_dir} has no journal of this version: there is nothing to forget")
+    names = list(dict.fromkeys(_data_file(data_dir, given) for given in files))
+    journal = LocalCommit(data_dir, mode=mode, lock_timeout=lock_timeout)
+    journal.open(check_sizes=False)  # every other check holds
+    try:
+        with journal.locked():
+            table = journal.intent.sizes
+            assert table is not None
+            plans = [_plan(data_dir, table, name, remove) for name in names]  # before any change
+            # No flush half done, but for the files forgotten: whatever an unfinished flush
+            # wrote to them goes with what is forgotten of them.
+            journal.intent.recover(journal.keys.is_stored, forgotten=frozenset(names))
+            done = [_carry_out(data_dir, table, *plan) for plan in plans]
+            journal.intent.rewrite_without(set(names))  # the last flush's sizes of them are forgotten too
+    finally:
+        journal.close()
+    return done
+
+
+def _data_file(data_dir: Path, given: str) -> str:
+    """The name, relative to ``data_dir``, of the data file ``given`` names: a path that lies
+    inside the data dir (taken from the current directory), or a name relative to it. Refused
+    for anything that is not a day file or a rejects file."""
+    path = Path(given)
+    root = data_dir.resolve()
+    inside = (Path.cwd() / path).parent.resolve() / path.name
+    name = str(inside.relative_to(root)) if inside.is_relative_to(root) else os.path.normpath(given)
+    if not layout.is_data_file(name):
+        raise Refused(
+            f"{given} is not a data file of {data_dir} (a day file YYYY-MM-DD.csv or rejects/YYYY-MM-DD.ndjson): "
+            "nothing was changed"
+        )
+    return name
+
+
+def _plan(data_dir: Path, table: SizeTable, name: str, remove: bool) -> tuple[str, int, int, bool]:
+    """(name, its size now (-1: missing), the size committed to it, whether it is removed), or
+    Refused when forgetting it is not what the operator can mean."""
+    committed = max((size for _, size in table.slots_of(name)), default=0)
+    size = size_of(data_dir / name)
+    if size < 0 and committed == 0:
+        raise Refused(f"{data_dir / name} does not exist and nothing was committed to it: nothing was changed")
+    if size >= committed and not remove:
+        raise Refused(
+            f"{data_dir / name} is whole ({size} bytes, {committed} committed): there is nothing to forget; "
+            "--remove removes it and its committed size. Nothing was changed"
+        )
+    return name, size, committed, remove and size >= 0
+
+
+def _carry_out(data_dir: Path, table: SizeTable, name: str, size: int, committed: int, removed: bool) -> str:
+    path = data_dir / name
+    if removed:
+        path.unlink()
+        table.forget(name)
+        return f"removed {path} ({size} bytes) and its committed size ({committed} bytes)"
+    if size < 0:
+        table.forget(name)
+        return f"forgot {path}: it is missing; the {committed} bytes committed to it are no longer expected"
+    table.accept(name, size)
+    return f"accepted {path} at {size} bytes: the {committed - size} bytes cut from its end are forgotten"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,18 +265,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rebuild.add_argument("data_dir", type=Path)
     rebuild.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for the flush lock (30)")
+    gone = commands.add_parser(
+        "forget", help="accept, knowingly, data files deleted or cut on purpose (every key is kept)"
+    )
+    gone.add_argument("data_dir", type=Path)
+    gone.add_argument("files", nargs="+", help="day or rejects files, relative to DATA_DIR or paths inside it")
+    gone.add_argument("--remove", action="store_true", help="remove the files that are there, too")
+    gone.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for the flush lock (30)")
     args = parser.parse_args(argv)
     try:
         if args.command == "backup":
             done = backup(args.data_dir, args.dest, args.lock_timeout)
             print(f"copied {done['files']} files ({done['bytes']} bytes) and {done['keys']} keys to {args.dest}")
+        elif args.command == "forget":
+            print("\n".join(forget(args.data_dir, args.files, args.remove, args.lock_timeout)))
         elif args.command == "rebuild-aggregates":
             rows = rebuild_aggregates(args.data_dir, args.lock_timeout)
             print(f"counted {rows:,} rows of {args.data_dir} into {aggregates_path(args.data_dir)}")
         else:
             before = set_journal_mode(args.data_dir, args.mode)
             print(f"the journal of {args.data_dir} was in {before} mode, now {args.mode}")
-    except (JournalError, OSError, sqlite3.Error) as exc:
+    except (CommitError, OSError, sqlite3.Error) as exc:
         print(f"tiny-admin: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -2,10 +2,12 @@
 
 A day file shorter than what was committed to it has lost acknowledged rows (cut or replaced by
 hand, an older copy restored, a data dir copied file by file while a server wrote to it), and
-the keys of those rows would answer their retries "replayed". The journal (tiny.journal)
-therefore keeps, for every file a flush ever appended to, the size that flush left once it was
-committed, and compares: every file at open, and each flush's files before it writes (against
-the size the flush fstat'ed anyway). This module is that table, and nothing else.
+the keys of those rows would answer their retries "replayed". The journal therefore keeps, for
+every file a flush ever appended to, the size that flush left once it was committed
+(tiny.intent records it after each commit point), and compares: every file at open
+(:func:`check_all`, tiny.datadir), and each flush's files before it writes (tiny.intent,
+against the size the flush fstat'ed anyway); a refusal (:func:`shorter_message`) names the file,
+the bytes missing, and the two knowing ways past it. This module is that table and its check.
 
 The file is a row of 64-byte slots, each one ``pwrite`` at an offset that is a multiple of 64
 (so within one disk sector): slot 0 is the header (``TINYSIZE``, the format, the data dir's
@@ -15,13 +17,21 @@ file it committed (one ``pwrite``); a file seen for the first time gets a new sl
 Every write comes after the commit point of the flush it records, so a slot never says more
 than what was committed: a crash before the write leaves the slot lower (a weaker check, never
 a false refusal). A slot that fails its CRC is ignored; a name found in two slots counts with
-the larger size. Readers and writers hold the data dir's flush lock.
+the larger size. Readers and writers hold the data dir's flush lock. :meth:`SizeTable.forget`
+and :meth:`SizeTable.accept` (tiny-admin forget, an operator's knowing loss) overwrite every
+slot of a name, each with one ``pwrite``: with zeros (a slot that fails its CRC, ignored), or
+the first with the size accepted.
 """
 
 from __future__ import annotations
 
 import os
 import zlib
+from pathlib import Path
+
+from tiny import layout
+from tiny.files import size_of
+from tiny.refusals import Found, forget_command
 
 SLOT = 64
 MAX_NAME = 48
@@ -141,3 +151,59 @@ class SizeTable:
         """Every file's recorded size (for the check at open): one read of the whole table."""
         self._slots, self._count = {}, 1
         return self._read_new_slots()
+
+    def slots_of(self, name: str) -> list[tuple[int, int]]:
+        """Every slot of ``name`` that passes its CRC: (offset, size), read from the whole table."""
+        found = []
+        whole = os.pread(self._fd, max(os.fstat(self._fd).st_size - SLOT, 0), SLOT)
+        for offset in range(0, len(whole) - SLOT + 1, SLOT):
+            body = _body(whole[offset : offset + SLOT])
+            if body is not None and body[:MAX_NAME].rstrip(b"\0").decode(errors="replace") == name:
+                found.append((SLOT + offset, int.from_bytes(body[MAX_NAME:], "big")))
+        return found
+
+    def forget(self, name: str) -> None:
+        """Nothing is known committed to ``name`` any more: every slot of it zeroed."""
+        for offset, _ in self.slots_of(name):
+            os.pwrite(self._fd, bytes(SLOT), offset)
+        self._slots.pop(name, None)
+
+    def accept(self, name: str, size: int) -> None:
+        """``name`` is committed up to ``size`` only (less than recorded): its first slot says
+        so, any other is zeroed."""
+        slots = self.slots_of(name)
+        for offset, _ in slots[1:]:
+            os.pwrite(self._fd, bytes(SLOT), offset)
+        if slots:
+            os.pwrite(self._fd, _slot(name.encode().ljust(MAX_NAME, b"\0") + size.to_bytes(8, "big")), slots[0][0])
+            self._slots[name] = (slots[0][0], name.encode().ljust(MAX_NAME, b"\0"))
+
+
+def shorter_message(data_dir: Path, name: str, found: int, committed: int) -> str:
+    """The refusal of a file of ``data_dir`` found ``found`` bytes long (-1: missing) where
+    ``committed`` bytes are known committed: what is missing, and the two ways past it."""
+    what = "is missing" if found < 0 else f"is {found} bytes"
+    return (
+        f"{data_dir / name} {what}: {committed - max(found, 0)} bytes shorter than the {committed} that the "
+        f"journal knows were committed to it ({layout.sizes_path(data_dir)}): acknowledged rows are gone (the "
+        "file cut, replaced or deleted by hand, an older copy restored, or the data dir copied file by file while "
+        f"a server wrote to it: `tiny-admin backup` copies a live one). {ways_past(data_dir, name)}"
+    )
+
+
+def ways_past(data_dir: Path, name: str) -> str:
+    """What to do about the data file ``name`` found shorter than committed (the refusal's end,
+    before the ``--new-journal`` sentence every Found ends with)."""
+    return (
+        f"Restore the file; or, if its rows were removed on purpose, run `{forget_command(data_dir, name)}`, "
+        "which forgets them and keeps every key (the retry of a batch that was in them is answered replayed)"
+    )
+
+
+def check_all(table: SizeTable, data_dir: Path) -> None:
+    """Every file of the table is at least as long as it is known committed; Found, naming the
+    first that is not and the bytes it misses, otherwise. One read of the table, a stat a file."""
+    for name, size in table.items().items():
+        found = size_of(data_dir / name)
+        if found < size:
+            raise Found(shorter_message(data_dir, name, found, size))

@@ -66,7 +66,7 @@ class Config:
     no_fork: bool = False
     public_downloads: bool = False
     lean: bool = True  # the fast head parser of the commonest POST /ingest (tiny.fasthead); off: Tornado's reads all
-    crash_at: str = ""  # fault injection for the crash tests (tiny.sink); not in --help
+    crash_at: str = ""  # fault injection for the crash tests (tiny.crashpoints); not in --help
     token_source: str = ""  # where the token came from: "file", "environment" or "command line"
 
     def worker_count(self) -> int:
@@ -163,8 +163,8 @@ def _one_of(*choices: str) -> Callable[[str], str]:
 
 
 def _crash_point(text: str) -> str:
-    """``point[:probability[:kill|stop|stop-once]]`` (tiny.sink.CRASH_POINTS), or empty."""
-    from tiny.sink import CRASH_POINTS
+    """``point[:probability[:kill|stop|stop-once]]`` (tiny.crashpoints.CRASH_POINTS), or empty."""
+    from tiny.crashpoints import CRASH_POINTS
 
     point, _, rest = text.partition(":")
     chance, _, how = rest.partition(":")

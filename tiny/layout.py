@@ -4,16 +4,17 @@
   opened by :data:`HEADER` exactly once; the columns are :data:`COLUMNS`.
 - ``rejects/YYYY-MM-DD.ndjson``: the refused lines of requests received that UTC day
   (:mod:`tiny.rejects` renders them).
-- ``.tiny/``: the journal (:mod:`tiny.journal`): ``lock``, the flush lock every writer takes;
-  ``intent``, the flush under way (marked finished between flushes); ``sizes``, the size each
-  file was committed up to; and ``journal.sqlite3`` (with SQLite's ``-wal`` and ``-shm`` beside
-  it), the idempotency keys.
+- ``.tiny/``: the journal (:mod:`tiny.commit.local`): ``lock``, the flush lock every writer
+  takes (:mod:`tiny.flushlock`); ``intent``, the flush under way, marked finished between
+  flushes (:mod:`tiny.intent`); ``sizes``, the size each file was committed up to
+  (:mod:`tiny.committed_sizes`); and ``journal.sqlite3`` (with SQLite's ``-wal`` and ``-shm``
+  beside it), the idempotency keys (:mod:`tiny.keys`).
 - ``.tiny/aggregates.sqlite3`` (and its ``-wal``, ``-shm``), ``aggregates.boot`` and
   ``aggregates.lock``: the live aggregates of the day files (tiny.aggregates, tiny.unsynced),
   a summary that is deleted and counted again from the files whenever it is not trusted.
-- ``.tiny-id``: the data dir's identity, a random id that its lock file and journal also hold,
-  so that a journal or lock deleted, replaced or brought from another data dir is noticed. It
-  lives outside ``.tiny/`` so that removing that folder is noticed too.
+- ``.tiny-id``: the data dir's identity (:mod:`tiny.datadir`), a random id that its lock file
+  and journal also hold, so that a journal or lock deleted, replaced or brought from another
+  data dir is noticed. It lives outside ``.tiny/`` so that removing that folder is noticed too.
 
 Everything else (the sink, the handlers, the analytics, the benchmarks and tests, and the
 Rust crate's column list, which a test holds equal to :data:`COLUMNS`) asks this module
@@ -34,6 +35,7 @@ REJECTS_DIR = "rejects"
 STATE_DIR = ".tiny"
 IDENTITY_FILE = ".tiny-id"
 _DAY_FILE = re.compile(r"(\d{4}-\d{2}-\d{2})\.csv\Z")
+_REJECTS_FILE = re.compile(rf"{REJECTS_DIR}/\d{{4}}-\d{{2}}-\d{{2}}\.ndjson\Z")
 
 
 def day_file(day: str) -> str:
@@ -50,6 +52,11 @@ def day_of(name: str) -> str | None:
     """The ``YYYY-MM-DD`` a file name is the day file of, or None for any other name."""
     match = _DAY_FILE.match(name)
     return match.group(1) if match else None
+
+
+def is_data_file(name: str) -> bool:
+    """``name`` (relative to DATA_DIR) is a day file or a rejects file: a file flushes append to."""
+    return _DAY_FILE.match(name) is not None or _REJECTS_FILE.match(name) is not None
 
 
 def parse_day(text: str) -> str:

@@ -24,7 +24,7 @@ looping. SIGTERM/SIGINT: the parent forwards it to the workers, waits for them t
 (``--drain-timeout`` plus 2 s, then SIGKILL), and exits 0 when they all exited 0. Workers
 whose parent disappears (kill -9) notice within half a second and shut down cleanly.
 
-Before any worker starts, the parent opens the data dir's journal once (tiny.journal): a
+Before any worker starts, the parent opens the data dir's journal once (tiny.commit.local): a
 journal that cannot be used stops the start with its reason (exit 1). ``--no-fork`` (or
 running under kernprof) serves in this process instead, with no parent.
 """
@@ -50,9 +50,10 @@ from typing import Any
 
 from tiny import __version__, codec, descriptors, metrics, profiling
 from tiny.analytics import cpu
+from tiny.commit import CommitError
+from tiny.commit.local import LocalCommit
 from tiny.config import Config
 from tiny.heartbeat import Heartbeats
-from tiny.journal import Journal, JournalError
 from tiny.worker import run_worker
 
 log = logging.getLogger("tiny.prefork")
@@ -208,7 +209,7 @@ def _journal_usable(config: Config) -> bool:
     """Open the data dir's journal once before any worker starts (creating it in a new data
     dir; with --new-journal, replacing one found wrong), so that a journal that cannot be
     used stops the start with its reason instead of failing every request."""
-    journal = Journal(
+    journal = LocalCommit(
         config.data_dir,
         fsync=config.durability == "fsync",
         window=config.idempotency_window,
@@ -218,7 +219,7 @@ def _journal_usable(config: Config) -> bool:
     )
     try:
         journal.open(accept_new=config.new_journal)
-    except JournalError as exc:
+    except CommitError as exc:
         log.error("cannot start: %s", exc)
         return False
     finally:

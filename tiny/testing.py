@@ -380,12 +380,12 @@ class InProcessServer:
         import threading
 
         from tiny import metrics, worker
-        from tiny.journal import Journal
+        from tiny.commit.local import LocalCommit
 
         if InProcessServer._metrics_dir is None:
             InProcessServer._metrics_dir = tempfile.mkdtemp(prefix="tiny-test-metrics-")
             metrics.setup(InProcessServer._metrics_dir)
-        journal = Journal(self.config.data_dir, mode=self.config.journal_mode)
+        journal = LocalCommit(self.config.data_dir, mode=self.config.journal_mode)
         journal.open()  # as tiny.prefork does before any worker: the first journal of a data dir
         journal.close()
         ready = threading.Event()

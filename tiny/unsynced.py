@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tiny.journal import fsync_dir, write_durably
+from tiny.files import fsync_dir, write_durably
 
 log = logging.getLogger("tiny.aggregates")
 

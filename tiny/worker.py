@@ -31,6 +31,8 @@ from pathlib import Path
 from tiny import codec, descriptors, layout, limits
 from tiny.aggregates import Aggregates, Unavailable
 from tiny.analytics.service import Analytics
+from tiny.commit import CommitError
+from tiny.commit.local import LocalCommit
 from tiny.config import Config
 from tiny.drain import Drain
 from tiny.handlers import ingest
@@ -38,7 +40,6 @@ from tiny.handlers.base import Deps, instance_name
 from tiny.handlers.rules import IngestRules
 from tiny.heartbeat import BEAT_SECONDS, Heartbeats
 from tiny.httpserver import TinyHTTPServer
-from tiny.journal import Journal, JournalError
 from tiny.live import Live, warm_job
 from tiny.metrics import Metrics
 from tiny.pacing import ReadPacer
@@ -77,26 +78,23 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
     def on_flush(seconds: float, nbytes: int, ok: bool) -> None:
         metrics.observe_flush(seconds, nbytes, ok)
         metrics.backlog.set(sink.backlog)
-        metrics.keys_held.set(journal.held)
+        metrics.keys_held.set(journal.key_count)
 
-    fsync = config.durability == "fsync"
-    journal = Journal(
+    journal = LocalCommit(
         config.data_dir,
-        fsync=fsync,
+        fsync=config.durability == "fsync",
         window=config.idempotency_window,
         max_keys=config.idempotency_max_keys,
         mode=config.journal_mode,
         lock_timeout=config.lock_timeout,
+        headers={layout.DAY_SUFFIX: layout.HEADER},
+        crash_at=config.crash_at,
     )
     sink = DailyFileSink(
-        config.data_dir,
-        fsync=fsync,
+        journal,
         max_backlog=config.max_backlog,
         max_files=descriptors.sink_files(config),
-        headers={layout.DAY_SUFFIX: layout.HEADER},
-        journal=journal,
         on_flush=on_flush,
-        crash_at=config.crash_at,
     )
     return sink
 
@@ -108,7 +106,7 @@ def make_deps(config: Config, port: int) -> Deps:
     sink = _sink(config, metrics)
     try:
         sink.open()
-    except JournalError as exc:
+    except CommitError as exc:
         log.error("the journal cannot be used (every write gets 503 until it can): %s", exc)
     analytics = Analytics.from_config(config)
     drain = Drain()

@@ -6,10 +6,10 @@
   node; each host tried once for at most ``Timeouts.connect``), creates or checks the schema
   (tiny.cluster.schema), refuses a cluster that does not commit synchronously, and reads the
   cluster's id and digest secret (:meth:`CommitLog.digest`: keyed BLAKE3 as
-  :meth:`tiny.journal.Journal.digest`, the same secret on every host).
+  :meth:`tiny.commit.local.LocalCommit.digest`, the same secret on every host).
 - :meth:`CommitLog.commit` takes a flush's appends, each ``(chunks, claim)`` in arrival order
   (``chunks``: file name relative to the data dir -> bytes; ``claim``: a
-  :class:`~tiny.journal.Claim` or None), and makes them one transaction: the keys are decided
+  :class:`~tiny.commit.Claim` or None), and makes them one transaction: the keys are decided
   with the local journal's rules (per key, the flush's first append decides; a key stored
   within the window answers from its stored digest and answer and writes nothing; a key past
   the window is taken over as new), claimed with one ``INSERT ... ON CONFLICT`` whose rows
@@ -54,7 +54,7 @@ from tiny.cluster import resolve, retention, schema
 from tiny.cluster.errors import LogTrimmed, NotCommitted, Unavailable
 from tiny.cluster.replication import wait_synced
 from tiny.cluster.session import Lost, Session, Timeouts, Watchdog, connect, host_count
-from tiny.journal import DIGEST_BYTES, Claim, Stored
+from tiny.commit import DIGEST_BYTES, Claim, Stored
 
 Append = tuple[dict[str, bytes], Claim | None]
 MAX_READ_BATCHES = 1024  # batches one read returns at most (and max_bytes)

@@ -13,13 +13,13 @@ from tornado import httputil
 from tornado.log import access_log
 
 from tiny import codec, layout, rejects
+from tiny.commit import Claim, CommitError, OutcomeUnknown
 from tiny.handlers.base import APIError, Deps, closes_connection, header_refusal
 from tiny.handlers.rules import Head
-from tiny.journal import Claim
 from tiny.limits import INLINE_DECODE_BYTES, MAX_ERRORS
 from tiny.profiling import profile
 from tiny.protocol import answer_head, error_body
-from tiny.sink import BacklogFull, SinkError
+from tiny.sink import BacklogFull
 
 log = logging.getLogger("tiny.handlers")
 
@@ -30,11 +30,13 @@ async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool]:
     encoded, written; returns the 200 answer and whether it was replayed from a stored key.
     Raises APIError for every other answer (400 or 413 for a gzip body, 422, 503)."""
     sink = deps.sink
-    if not sink.journal.is_open:  # it failed to open (or was refused since): try again, or say why
+    if not sink.is_open:  # it failed to open (or was refused since): try again, or say why
         try:
             await sink.ready()
-        except SinkError as exc:
-            raise APIError(503, f"{exc}; nothing of this request was kept", {"Retry-After": "5"}) from None
+        except CommitError as exc:
+            raise APIError(
+                503, f"{exc}; nothing of this request was kept", {"Retry-After": str(exc.retry_after)}
+            ) from None
     received = len(body)
     if received > INLINE_DECODE_BYTES or head.gzip:
         # A big body (or any gzip body: a small one may inflate to --max-body) would hold
@@ -61,11 +63,20 @@ async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool]:
     if chunks or head.key is not None:
         claim = Claim(head.key, digest, answer) if head.key is not None else None
         try:
-            stored = await sink.append(chunks, claim)
+            stored = (await sink.append(chunks, claim)).stored
         except BacklogFull:
             raise APIError(503, "too many writes are waiting for the disk; retry later", {"Retry-After": "1"}) from None
-        except SinkError as exc:
-            raise APIError(503, f"{exc}; nothing of this request was kept", {"Retry-After": "5"}) from None
+        except OutcomeUnknown as exc:
+            retry = "retry with the same Idempotency-Key" if claim else "a retry may write this batch twice"
+            raise APIError(
+                503,
+                f"{exc}; this request may or may not have been written: {retry}",
+                {"Retry-After": str(exc.retry_after)},
+            ) from None
+        except CommitError as exc:
+            raise APIError(
+                503, f"{exc}; nothing of this request was kept", {"Retry-After": str(exc.retry_after)}
+            ) from None
         if stored is not None:  # the key was stored before: nothing was written now
             if stored.digest != digest:
                 metrics.conflicts.labels("422").inc()
@@ -118,7 +129,7 @@ class IngestRequest(httputil.HTTPMessageDelegate):
       the first MAX_ERRORS line errors; invalid lines never fail the batch.
     - ``Idempotency-Key`` (1-255 visible ASCII characters, optionally in double quotes):
       the first request with a key is processed and its answer stored with the key and a
-      digest of its decompressed body, atomically with its rows (tiny.journal). The same key
+      digest of its decompressed body, atomically with its rows (tiny.commit). The same key
       with the same body later, from any process sharing the data dir, gets that answer again
       with ``Idempotent-Replayed: true`` and writes nothing; with another body, 422. A second
       request with a key whose first is still in flight waits for it, then is answered so.

@@ -1,0 +1,51 @@
+"""Helpers for the tests of the journal's pieces (tiny.datadir, flushlock, intent, keys, appender, commit.local)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tiny.commit import Claim, CommitError, Receipt
+from tiny.commit.local import LocalCommit
+
+
+@dataclass
+class Append:
+    """One append of a flush, as the sink queues it (tiny.commit.Append)."""
+
+    chunks: Mapping[str, bytes] = field(default_factory=dict)
+    claim: Claim | None = None
+
+
+def opened(data: Path, accept_new: bool = False, **kwargs: object) -> LocalCommit:
+    journal = LocalCommit(data, **kwargs)  # type: ignore[arg-type]
+    journal.open(accept_new=accept_new)
+    return journal
+
+
+def claims(*keys: str, digest: bytes = b"d", answer: bytes = b"a") -> list[Claim]:
+    return [Claim(key, digest, answer) for key in keys]
+
+
+def commit_keys(journal: LocalCommit, keys: list[Claim]) -> None:
+    """A flush of ``keys`` that writes no data (lock held)."""
+    journal.keys.claim(keys)
+    journal.keys.commit()
+
+
+def flush(journal: LocalCommit, name: str, rows: bytes, *keys: str) -> Receipt:
+    """One whole flush as the sink makes it: ``rows`` to ``name`` with the first key, the other
+    keys on appends of their own that write nothing."""
+    first = [Append({name: rows}, Claim(keys[0], b"d", b"a") if keys else None)]
+    return journal.commit([*first, *(Append({}, claim) for claim in claims(*keys[1:]))], time.monotonic() + 5)
+
+
+def refusal(data: Path, accept_new: bool = False, **kwargs: object) -> str:
+    """The message of the refusal that opening ``data``'s journal raises."""
+    with pytest.raises(CommitError) as raised:
+        opened(data, accept_new, **kwargs)
+    return str(raised.value)

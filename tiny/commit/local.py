@@ -1,0 +1,251 @@
+"""The local commit point: a flush made durable by the data dir's own journal, under ``.tiny/``.
+
+:class:`LocalCommit` is the :class:`~tiny.commit.CommitPoint` of one host's data dir, composed
+of the journal's pieces, each with its own file, layout and rules:
+
+- tiny.datadir: the data dir's identity, the journal's first start, ``--new-journal``;
+- tiny.flushlock: the flush lock (``.tiny/lock``, fenced by the intent's flock) and its holder;
+- tiny.intent: the intent of the flush under way (``.tiny/intent``), its recovery, the
+  committed sizes read without the lock; tiny.committed_sizes, the files' committed sizes;
+- tiny.keys: the idempotency keys and their expiry (``.tiny/journal.sqlite3``);
+- tiny.appender: the flush's bytes written to the data files; tiny.crashpoints, the crash tests' hooks.
+
+A flush (:meth:`LocalCommit.commit`, docs/exactly-once.md numbers its steps): take the lock
+(both flocks, the holder recorded, the lock, intent and journal files checked), recover what a
+crash left, decide the keys (one SQLite transaction, not committed yet), write the intent and
+the files, confirm that the lock and the files are still this flush's, commit the keys (the
+commit point of a flush with keys), mark the intent (the commit point of a flush without),
+release. A failure before the commit point rolls the keys back and cuts the files back before
+anything is answered (:class:`~tiny.commit.WriteFailed` for the disk's sake,
+:class:`~tiny.commit.Refused` for the data dir's); a failure after it is a success. What could
+not be undone is left to the next recovery (:attr:`LocalCommit.unfinished`: :meth:`recover`).
+
+With fsync, the intent reaches the disk before the data, the data and new directory entries
+before the keys' commit (SQLite synchronous=FULL), and that before the intent's mark; so the
+same holds across a power loss. Without, every step is written, which a killed process cannot lose.
+
+Not thread-safe: a LocalCommit belongs to one thread (the sink's), except :meth:`digest`,
+:meth:`peek_committed_sizes`, :meth:`waiting` and :meth:`blocked_elsewhere`, which never wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from tiny import layout, limits
+from tiny.appender import Appender, FileFlush, LockLost
+from tiny.commit import Append, Receipt, Refused, WriteFailed, keyed_digest
+from tiny.crashpoints import CrashPoints
+from tiny.datadir import open_journal
+from tiny.files import size_of
+from tiny.flushlock import FlushLock, held_elsewhere
+from tiny.intent import IntentFile
+from tiny.keys import KeyStore
+
+log = logging.getLogger("tiny.commit.local")
+
+_WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for (or another's holding of) the lock before it is reported
+
+
+class LocalCommit:
+    """The journal of ``data_dir``; see the module docstring. ``headers`` maps a file suffix to
+    the bytes that open every new file with that suffix; ``crash_at``: tiny.crashpoints."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        fsync: bool = False,
+        window: float = limits.IDEMPOTENCY_WINDOW,
+        max_keys: int = limits.IDEMPOTENCY_MAX_KEYS,
+        mode: str = "wal",
+        lock_timeout: float = limits.LOCK_TIMEOUT,
+        headers: Mapping[str, bytes] | None = None,
+        crash_at: str = "",
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.fsync = fsync
+        self.keys = KeyStore(
+            layout.journal_path(self.data_dir), fsync=fsync, window=window, max_keys=max_keys, mode=mode
+        )
+        self.lock = FlushLock(self.data_dir, lock_timeout)
+        self.intent = IntentFile(self.data_dir, fsync)
+        self.appender = Appender(self.data_dir, self.lock, self.intent, headers=headers or {}, fsync=fsync)
+        self.crash = CrashPoints(crash_at, self.data_dir)
+        self.dir_id: str | None = None  # the data dir's id, once open; a reopening must find the same
+        self._secret: bytes | None = None  # the keys' digest secret; None while not open
+        self._unfinished = False
+        self._holding = False  # this commit point holds the lock (locked()): recover() takes it not again
+
+    @property
+    def is_open(self) -> bool:
+        return self._secret is not None
+
+    @property
+    def wait_bound(self) -> float:
+        return self.lock.lock_timeout
+
+    @property
+    def unfinished(self) -> bool:
+        return self._unfinished
+
+    @property
+    def key_count(self) -> int:
+        """Keys in the journal at this process's last commit with keys."""
+        return self.keys.count
+
+    def open(self, accept_new: bool = False, check_sizes: bool = True) -> None:
+        """Attach to the data dir's journal, creating it in a data dir that has none
+        (tiny.datadir says what is refused, and what ``accept_new`` replaces). ``check_sizes``
+        False: every check but the files' committed sizes (tiny-admin forget only). On any
+        failure nothing stays open."""
+        if self.is_open:
+            return
+        try:
+            identity = open_journal(
+                self.lock, self.intent, self.keys, known_id=self.dir_id, accept_new=accept_new, check_sizes=check_sizes
+            )
+        except (sqlite3.Error, OSError) as exc:
+            self.close()
+            raise Refused(f"the journal {self.keys.path} cannot be used: {exc}") from None
+        except BaseException:
+            self.close()
+            raise
+        self.dir_id, self._secret = identity.dir_id, identity.secret
+
+    def close(self) -> None:
+        """Close every file and the database (also after a failed :meth:`open`)."""
+        self._secret = None
+        self.keys.close()
+        self.lock.fence_fd = -1
+        self.intent.close()
+        if self.intent.sizes is not None:
+            self.intent.sizes.close()
+            self.intent.sizes = None
+        self.lock.close()
+
+    def digest(self, body: bytes) -> bytes:
+        """128 bits of BLAKE3 of a (decompressed) body keyed with the journal's secret, so that
+        no client can forge a second body that passes for the first. Any thread; once open."""
+        assert self._secret is not None, "LocalCommit.open() first"
+        return keyed_digest(self._secret, body)
+
+    @contextlib.contextmanager
+    def locked(self, timeout: float | None = None) -> Iterator[None]:
+        """Hold the data dir's flush lock (waiting at most ``timeout``, default the lock
+        timeout; LockTimeout naming the holder), the lock, intent and journal files checked to
+        be the ones opened (Found otherwise). For the operator's commands; a flush takes it itself."""
+        with self.lock.holding(timeout):
+            self.keys.check_file()
+            self._holding = True
+            try:
+                yield
+            finally:
+                self._holding = False
+
+    def stop_waits_at(self, when: float) -> None:
+        self.lock.give_up_at = when
+
+    def commit(self, appends: Sequence[Append], deadline: float) -> Receipt:
+        """One flush of ``appends`` (see the module docstring), waiting for the lock until
+        ``deadline`` at most. Raises LockTimeout (an Unavailable), Refused (the data dir: a file
+        found shorter than committed, a lock lost, the journal replaced), or WriteFailed."""
+        try:
+            with self.lock.holding(max(0.0, deadline - time.monotonic())):
+                self.keys.check_file()
+                return self._commit_locked(appends)
+        except (OSError, sqlite3.Error) as exc:
+            raise WriteFailed(f"the disk refused the write: {getattr(exc, 'strerror', None) or exc}") from exc
+
+    def _commit_locked(self, appends: Sequence[Append]) -> Receipt:
+        self.intent.recover(self.keys.is_stored)
+        decisions, first_key = self.keys.decide([append.claim for append in appends])
+        files: dict[str, list[bytes]] = {}
+        for append, decision in zip(appends, decisions, strict=True):
+            if decision is None:
+                for name, data in append.chunks.items():
+                    files.setdefault(name, []).append(data)
+        flush = self.appender.flush()
+        try:
+            self._write_and_commit(flush, files, first_key)
+            self.crash.reach("after-commit")  # with keys: committed, the intent still live
+            try:
+                flush.finish()
+            except OSError as exc:
+                if first_key is None:  # the mark was the commit point
+                    self._roll_back(flush)
+                    raise
+                log.error("could not mark a committed flush (the next flush will): %s", exc)
+                self._unfinished = True
+            self.crash.reach("after-finish")
+        finally:
+            flush.close()
+        return Receipt(decisions)
+
+    def _write_and_commit(self, flush: FileFlush, files: dict[str, list[bytes]], first_key: str | None) -> None:
+        """The intent, the files, the check before the commit point, the keys' commit."""
+        try:
+            flush.write(files, first_key=first_key, last=self.keys.last, crash=self.crash.reach)
+            self.crash.reach("after-writes")
+            flush.confirm()
+            self.keys.commit()
+        except LockLost:
+            # Another writer may hold the data dir's lock now and may have written after these
+            # files: nothing is cut here; the next recovery, under that lock, does it.
+            self.keys.rollback()
+            self._unfinished = True
+            raise
+        except BaseException:
+            self.keys.rollback()
+            self._roll_back(flush)  # before any answer: a failed flush keeps nothing
+            raise
+
+    def _roll_back(self, flush: FileFlush) -> None:
+        """Cut a failed flush's files back and mark its intent undone; if that fails too, the
+        intent stays live and the next recovery (at the latest, the stop's) does it."""
+        try:
+            flush.roll_back()
+        except (OSError, sqlite3.Error) as exc:
+            self._unfinished = True
+            log.critical("could not roll back a failed flush (the next flush will): %s", exc)
+
+    def recover(self) -> None:
+        """Undo (or finish) a flush a crash or a failure left unfinished: under the flush lock,
+        which it takes (at most the lock timeout) unless :meth:`locked` holds it already."""
+        try:
+            if self._holding:
+                self.intent.recover(self.keys.is_stored)
+                return
+            if not self.is_open:
+                self.open()
+            with self.locked():
+                self.intent.recover(self.keys.is_stored)
+        except (OSError, sqlite3.Error) as exc:
+            raise WriteFailed(f"recovery failed: {getattr(exc, 'strerror', None) or exc}") from exc
+        self._unfinished = False
+
+    def peek_committed_sizes(self, names: Sequence[str]) -> dict[str, int] | None:
+        """Without the lock (tiny.intent ``peek_committed_sizes``); callable on the event loop."""
+        return self.intent.peek_committed_sizes(names)
+
+    def committed_sizes(self, names: Sequence[str]) -> dict[str, int]:
+        """Noted under the flush lock, after recovery: no flush is half done then, and no later
+        recovery cuts below them."""
+        with self.locked():
+            self.intent.recover(self.keys.is_stored)
+            return {name: size for name in names if (size := size_of(self.data_dir / name)) >= 0}
+
+    def waiting(self) -> str | None:
+        waiting = self.lock.waiting_since
+        if waiting and time.monotonic() - waiting > _WAIT_REPORTED_AFTER:
+            return f"waiting {time.monotonic() - waiting:.1f} s for the data dir's flush lock, {self.lock.waiting_for}"
+        return None
+
+    def blocked_elsewhere(self) -> str | None:
+        """The lock held by another process for over a second, seen by a try that never waits."""
+        return held_elsewhere(self.data_dir, _WAIT_REPORTED_AFTER)
