@@ -367,7 +367,8 @@ def test_quoted_na_is_a_string_and_bare_na_is_missing(server: Server, day: str, 
 
 def test_ingest_does_not_wait_for_analytics(tmp_path: Path) -> None:
     """Four days never counted, each of the sample day's 77,107 rows, asked for at once: their
-    folds queue in the pool (seconds of work within the quota); /ingest answers meanwhile."""
+    folds queue in the pool (seconds of work within the quota; a query not answered within
+    10 s of its arrival gets its 503 "catching up"); /ingest answers meanwhile."""
     days = [f"2014-04-{n:02d}" for n in range(1, 5)]
     (tmp_path / "data").mkdir()
     for day in days:
@@ -389,7 +390,9 @@ def _ingest_beside(server: Server, paths: list[str]) -> None:
             latencies.append(time.monotonic() - begin)
             time.sleep(0.02)
         busy = time.monotonic() - started
-        assert all(read.result().status == 200 for read in reads)
+        for read in reads:
+            answer = read.result()
+            assert answer.status == 200 or (answer.status == 503 and b"catching up" in answer.body), answer.body
     assert busy > 0.5 and latencies, busy
     assert max(latencies) < 0.5, f"ingest took {max(latencies):.3f} s while analytics ran for {busy:.2f} s"
 
