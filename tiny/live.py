@@ -212,10 +212,11 @@ class Live:
         sizes = await self.sink.committed_sizes(days)
         key = ("live", query, version)
         job = (str(self.data_dir), sizes, within, query, generation, deadline)
+        what = f"the {query[0]} query of {len(days)} day(s)"
         late = asyncio.timeout(max(0.0, deadline + _LATE - time.monotonic()))
         try:
             async with late:
-                read_from, body = await self.analytics.call(key, fold_job, *job)
+                read_from, body = await self.analytics.call(key, fold_job, *job, what=what)
         except TimeoutError:  # (the job goes on: a query asking the same meanwhile waits for it)
             if not late.expired():
                 raise
