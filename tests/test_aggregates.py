@@ -238,9 +238,9 @@ def test_what_is_left_is_told_in_bytes_and_rows(tmp_path: Path) -> None:
     assert behind.value.left == size - consumed_of(store) and f"{behind.value.left / 1e6:.1f} MB" in str(behind.value)
     assert behind.value.rows is not None
     if behind.value.exact:
-        assert behind.value.rows == left_rows and f"({left_rows:,} rows)" in str(behind.value)
+        assert behind.value.rows == left_rows and f": {left_rows:,} rows left to count" in str(behind.value)
     else:
-        assert abs(behind.value.rows - left_rows) < 0.05 * left_rows and "about" in str(behind.value)
+        assert abs(behind.value.rows - left_rows) < 0.05 * left_rows and ": about " in str(behind.value)
 
 
 # -- what is not a day file, and a full disk -------------------------------------------------------

@@ -711,9 +711,10 @@ def test_the_catching_up_503_comes_at_its_deadline_and_says_what_is_left(
     )
     assert response.status == 503 and "are catching up" in message, message
     assert 10.0 <= took < 11.0, message
-    said_mb = float(message.split(": ", 1)[1].split(" MB")[0])
-    said_rows = re.search(r"\((about )?([0-9,]+) rows\)", message)
-    assert said_rows is not None and abs(said_mb - nbytes / 1e6) <= 0.05 and nbytes > 0
+    said = re.search(r": (about )?([0-9,]+) rows left to count \(([0-9.]+) MB\)", message)
+    assert said is not None, message
+    said_rows, said_mb = said, float(said.group(3))
+    assert abs(said_mb - nbytes / 1e6) <= 0.05 and nbytes > 0
     if said_rows.group(1):  # estimated (the reference codec, 4 MiB or more left)
         assert abs(int(said_rows.group(2).replace(",", "")) - rows) <= 0.05 * rows
     else:

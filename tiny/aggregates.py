@@ -155,8 +155,10 @@ class Behind(RuntimeError):
 
     def __str__(self) -> str:
         which = self.day if self.days == 1 else f"{self.day} and {self.days - 1} more day(s)"
-        rows = "" if self.rows is None else f" ({'' if self.exact else 'about '}{self.rows:,} rows)"
-        return f"the aggregates of {which} are catching up: {_amount(self.left)}{rows} left to count"
+        if self.rows is None:
+            return f"the aggregates of {which} are catching up: {_amount(self.left)} left to count"
+        rows = f"{'' if self.exact else 'about '}{self.rows:,} rows"
+        return f"the aggregates of {which} are catching up: {rows} left to count ({_amount(self.left)})"
 
 
 class Unavailable(RuntimeError):
