@@ -865,6 +865,7 @@ def test_a_day_file_that_is_a_fifo_is_refused_at_once_and_blocks_nothing(tmp_pat
         "/downloads/total/2014-05-01:2014-05-31",
     ]
     with Server(data, "--public-downloads") as server:
+        assert ok(server, f"/api/days/{DAY}/summary")["downloads"] == 1  # the pool has started
         for path in paths:
             started = time.monotonic()
             response = server.request("GET", path, timeout=15)

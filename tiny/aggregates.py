@@ -248,15 +248,23 @@ def open_regular(path: Path | str) -> int:
 
 def _open_regular(path: Path | str) -> tuple[int, os.stat_result]:
     """:func:`open_regular`'s descriptor, and the fstat of the file it has open."""
-    kind = _kind(os.stat(path).st_mode)
-    if kind is None:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    check_regular(path, os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
         opened = os.fstat(fd)
-        kind = _kind(opened.st_mode)
-        if kind is None:
-            return fd, opened
+        check_regular(path, opened.st_mode)
+    except BaseException:
         os.close(fd)
-    raise NotARegularFile(f"{os.path.basename(path)} is not a regular file but a {kind}: refused, not read")
+        raise
+    return fd, opened
+
+
+def check_regular(path: Path | str, mode: int) -> None:
+    """:class:`NotARegularFile`, naming ``path`` and what it is, unless ``mode`` (its st_mode)
+    is a regular file's."""
+    kind = _kind(mode)
+    if kind is not None:
+        raise NotARegularFile(f"{os.path.basename(path)} is not a regular file but a {kind}: refused, not read")
 
 
 def _kind(mode: int) -> str | None:

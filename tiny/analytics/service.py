@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny import layout, limits
+from tiny.aggregates import check_regular
 from tiny.analytics import charts, compute, cpu
 from tiny.analytics.compute import DayFile
 from tiny.config import Config
@@ -127,12 +128,14 @@ def _log_failure(done: asyncio.Future[Any]) -> None:
 
 
 def stat_day(data_dir: Path, date: str) -> DayFile:
-    """The current version of ``data_dir/<date>.csv``; DayNotFound if there is none."""
+    """The current version of ``data_dir/<date>.csv``; DayNotFound if there is none,
+    tiny.aggregates.NotARegularFile if it is a FIFO, a device... (its rows are never read)."""
     path = layout.day_path(data_dir, date)
     try:
         st = path.stat()
     except FileNotFoundError:
         raise DayNotFound(date) from None
+    check_regular(path, st.st_mode)
     return DayFile(date, str(path), st.st_size, st.st_mtime_ns)
 
 
