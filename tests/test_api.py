@@ -7,6 +7,7 @@ collections.Counter over tiny.cranlog.iter_records.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -32,6 +33,7 @@ import pytest
 from tests.support import SAMPLE_DAY, Response, Server, record, sample_csv
 from tiny.analytics import compute, cpu
 from tiny.analytics.names import whale_name
+from tiny.analytics.service import Analytics, Busy
 from tiny.cranlog import iter_records
 from tiny.layout import HEADER
 from tiny.testing import memory
@@ -367,7 +369,8 @@ def test_quoted_na_is_a_string_and_bare_na_is_missing(server: Server, day: str, 
 
 def test_ingest_does_not_wait_for_analytics(tmp_path: Path) -> None:
     """Four days never counted, each of the sample day's 77,107 rows, asked for at once: their
-    folds queue in the pool (seconds of work within the quota); /ingest answers meanwhile."""
+    folds queue in the pool (seconds of work within the quota; a query not answered within
+    10 s of its arrival gets its 503 "catching up"); /ingest answers meanwhile."""
     days = [f"2014-04-{n:02d}" for n in range(1, 5)]
     (tmp_path / "data").mkdir()
     for day in days:
@@ -389,7 +392,9 @@ def _ingest_beside(server: Server, paths: list[str]) -> None:
             latencies.append(time.monotonic() - begin)
             time.sleep(0.02)
         busy = time.monotonic() - started
-        assert all(read.result().status == 200 for read in reads)
+        for read in reads:
+            answer = read.result()
+            assert answer.status == 200 or (answer.status == 503 and b"catching up" in answer.body), answer.body
     assert busy > 0.5 and latencies, busy
     assert max(latencies) < 0.5, f"ingest took {max(latencies):.3f} s while analytics ran for {busy:.2f} s"
 
@@ -838,3 +843,114 @@ def test_a_smaller_top_after_a_larger_one_is_its_prefix_until_the_day_changes(tm
         whales = ok(running, "/api/days/2014-06-03/whales?top=2")["whales"]
         assert whales[0]["ip_id"] == 99 and whales[0]["downloads"] == 50 and whales[1] == many[0]
         assert ok(running, "/api/days/2014-06-03/summary?top=1")["downloads"] == 90
+
+
+# -- the pool's time bound and its end with its worker ---------------------------------------------
+
+
+@pytest.mark.hardening("third 12: a day file that is a FIFO blocked the analytics pool for good")
+def test_a_day_file_that_is_a_fifo_is_refused_at_once_and_blocks_nothing(tmp_path: Path) -> None:
+    """A FIFO named as a day file: every query that would read it gets a 503 naming it at once
+    (the pool never opens it for reading), and the other days are answered meanwhile and after."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / f"{DAY}.csv").write_bytes(HEADER + _row(ip_id=5).replace(b"2014-05-09", DAY.encode()))
+    fifo = data / "2014-05-10.csv"
+    os.mkfifo(fifo)
+    paths = [
+        "/api/days/2014-05-10/summary",
+        "/api/days",
+        "/api/days/2014-05-10/whales/1/downloads",
+        "/downloads/total/2014-05-10/caret",
+        "/downloads/total/2014-05-01:2014-05-31",
+    ]
+    with Server(data, "--public-downloads") as server:
+        assert ok(server, f"/api/days/{DAY}/summary")["downloads"] == 1  # the pool has started
+        for path in paths:
+            started = time.monotonic()
+            response = server.request("GET", path, timeout=15)
+            assert time.monotonic() - started < 5, path
+            assert response.status == 503 and response.headers["retry-after"], (path, response.body)
+            assert "2014-05-10.csv is not a regular file but a FIFO" in error(response)[1], path
+        assert ok(server, f"/api/days/{DAY}/summary")["downloads"] == 1
+        fifo.unlink()
+        assert ok(server, "/api/days")["days"] == [
+            {"date": DAY, "rows": 1, "bytes": (data / f"{DAY}.csv").stat().st_size}
+        ]
+
+
+async def _stuck_job(analytics: Analytics) -> dict[str, Any]:
+    """A query whose pool process is stopped in its job, and one waiting behind it: what each
+    got and how long that took, /healthz's reason meanwhile, and the pids of the old and new pool."""
+    pid = await analytics.call(("pid",), os.getpid)
+    stuck = asyncio.ensure_future(analytics.call(("nap",), time.sleep, 1.0, what="a nap"))
+    await asyncio.sleep(0.3)  # the nap is running
+    os.kill(pid, signal.SIGSTOP)
+    behind = asyncio.ensure_future(analytics.call(("pid", 2), os.getpid))
+    started = time.monotonic()
+    outcomes = await asyncio.wait_for(asyncio.gather(stuck, behind, return_exceptions=True), 30)
+    took = time.monotonic() - started
+    trouble = analytics.trouble()
+    return {
+        "pid": pid,
+        "outcomes": outcomes,
+        "took": took,
+        "trouble": trouble,
+        "new": await analytics.call(("pid", 3), os.getpid),
+    }
+
+
+@pytest.mark.hardening("third 12: analytics pool jobs had no time bound")
+def test_a_stuck_pool_process_is_killed_and_the_queries_waiting_on_it_get_503_naming_it(tmp_path: Path) -> None:
+    analytics = Analytics(tmp_path, processes=1, job_seconds=2.0)
+    try:
+        found = asyncio.run(_stuck_job(analytics))
+    finally:
+        analytics.close()
+    for outcome in found["outcomes"]:
+        assert isinstance(outcome, Busy), outcome
+        assert "an analytics job (a nap) ran past its 2 s deadline" in str(outcome)
+    assert found["took"] < 2.0 + 0.3 + 1.5
+    assert "a nap" in found["trouble"] and "killed and replaced" in found["trouble"]
+    assert found["new"] != found["pid"]
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{found['pid']}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{found['pid']}").exists()  # killed though stopped, and reaped
+
+
+@pytest.mark.hardening("third 16: a stopped pool process outlived its server killed with -9")
+def test_a_stopped_pool_process_dies_with_its_server_killed_with_9(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / f"{DAY}.csv").write_bytes(HEADER + _row(ip_id=5).replace(b"2014-05-09", DAY.encode()))
+    with Server(tmp_path / "data") as server:
+        ok(server, f"/api/days/{DAY}/summary")
+        (pool,) = _pool_processes(server)
+        os.kill(pool, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 5
+            while _state(pool) != "T" and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert _state(pool) == "T"  # stopped
+            for pid in (*server.worker_pids(), server.pid):  # the server, not its session: not the pool
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while _alive(pool) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _alive(pool)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pool, signal.SIGKILL)
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (R, S, T for stopped, Z...), or "" when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs or is stopped (a zombie waiting to be reaped is dead)."""
+    return _state(pid) not in ("", "Z", "X")

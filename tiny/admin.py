@@ -23,7 +23,10 @@ host, ``delete`` for writers on several hosts); stop every server on the data di
 ``rebuild-aggregates`` counts the downloads API's aggregates (tiny.aggregates) again from the
 day files, e.g. after a day file was edited by hand; servers may run meanwhile: they go on
 answering from the old counts until the new ones replace them in one transaction, and a
-query that must bring the counts up to date waits (a 503 after 10 s).
+query that must bring the counts up to date waits (a 503 after 10 s). The same transaction
+raises the store's generation, so every running server drops the answers it kept at their
+next query (tiny.live). A day file that is not a regular file (a FIFO...) is refused, and
+nothing is changed.
 
 ``forget`` is the knowing way past a data file deleted or cut on purpose (say, a day no longer
 kept), which the journal otherwise refuses until the file is restored (its committed size,
@@ -53,7 +56,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tiny import layout
-from tiny.aggregates import Aggregates, aggregates_path
+from tiny.aggregates import Aggregates, Unavailable, aggregates_path
 from tiny.commit import CommitError, Refused
 from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
@@ -161,7 +164,9 @@ def set_journal_mode(data_dir: Path, mode: str, lock_timeout: float = 30.0) -> s
 
 def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
     """Count the aggregates of ``data_dir`` again from its day files, up to the sizes they had,
-    committed, at one instant (noted under the flush lock, after recovery); returns the rows."""
+    committed, at one instant (noted under the flush lock, after recovery), and raise the
+    store's generation; returns the rows. Unavailable when a day file is not a regular file
+    or the store cannot be written (the store is left as it was)."""
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
     journal.open()
     try:
@@ -285,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             before = set_journal_mode(args.data_dir, args.mode)
             print(f"the journal of {args.data_dir} was in {before} mode, now {args.mode}")
-    except (CommitError, OSError, sqlite3.Error) as exc:
+    except (CommitError, OSError, sqlite3.Error, Unavailable) as exc:
         print(f"tiny-admin: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -2,20 +2,38 @@
 
 The day files stay the source of truth; this is a summary of them that any process can bring
 up to date and read, in ``DATA_DIR/.tiny/aggregates.sqlite3`` (SQLite, WAL, written without
-fsync and trusted only by the boot that wrote it or after a sync: tiny.unsynced). For each day file
-it records how many of its bytes are folded in (``files.consumed``, with the file's inode), and
-per day: downloads and bytes per package, per hour, per ip_id (with its downloads per hour and
-per country). :meth:`Aggregates.fold` reads only the bytes appended since, complete lines only,
-and adds them in ONE transaction with the new ``consumed``: killed at any point it leaves the
-old state or the new, and a second process folding at the same time waits for the first
-(``BEGIN IMMEDIATE``) and then folds only what is left, so nothing is counted twice or lost.
+fsync and trusted only by the boot that wrote it or after a sync: tiny.unsynced). For each day
+file it records which file it counted and how many of its bytes (``files``: the inode, the
+digests of its first bytes and of the bytes just before ``consumed``), and per day: downloads
+and bytes per package, per hour, per ip_id (with its downloads per hour and per country).
+:meth:`Aggregates.fold` reads only the bytes appended since, complete lines only, and adds
+them in one transaction per step with the new ``consumed``: killed at any point it leaves the
+old state or the new, and a second process folding at the same time waits for the first's
+step (``BEGIN IMMEDIATE``) and then folds only what is left, so nothing is counted twice or
+lost.
 
 The sizes to fold up to come from the caller, noted under the data dir's flush lock
 (tiny.sink.DailyFileSink.committed_sizes): bytes below such a size are committed and no
-recovery will ever cut them, so a count never includes a row that vanishes. A day file found
-shorter than what was folded, or another file under its name (its inode), is folded again
-from its start: that day's aggregates are rebuilt. ``tiny-admin rebuild-aggregates`` rebuilds
-them all from the files.
+recovery will ever cut them, so a count never includes a row that vanishes.
+
+Which file was counted. A day file is the one counted when it has the inode recorded, holds
+at least ``consumed`` bytes, and its first _EDGE bytes (fewer while it is shorter) and the
+_EDGE bytes just before ``consumed`` have the digests recorded (``consumed`` is always just
+past an LF, so the second also proves that the count stopped at a line's end). Any other file
+under the day's name, or this one cut back, is counted again from its start (that day's
+aggregates are rebuilt), checked on every fold, in any process, after any restart: a file cut
+back by hand (shorter, or grown again past the counted offset with other bytes there), a file
+deleted and written again (ext4 gives the next file created the inode just freed: its bytes
+tell it apart), a file rewritten in place. What this cannot see is an edit that keeps the
+length, the first and the last counted 4 KiB and changes bytes in between: ``tiny-admin
+rebuild-aggregates`` counts everything again (and raises the store's generation, which tells
+every server's cached answers: :func:`read_generation`). A day file that is not a regular file
+(a FIFO, a device) is refused at once (:class:`NotARegularFile`), never waited on.
+
+Time. A fold with a deadline keeps to it within a step: each step (one transaction) is sized
+from how long the last ones took here, wall clock, to take about _STEP_SECONDS (at most
+_MAX_STEP bytes, which bounds memory), and no smaller than _MIN_STEP; at the deadline the
+fold stops and raises :class:`Behind`, which says what is left, read at that moment.
 
 Counting rows: a row is a line of the day file after its header (lines end at LF only: a
 string may hold U+2028 or U+0085, which Python's ``splitlines`` would also break at), read by
@@ -25,31 +43,42 @@ and counted (``files.skipped``): the CSV the sink writes always parses. With the
 in use (tiny.codec.CODEC), ``tiny._codec.tally`` counts the usual rows of a block with the GIL
 released and hands every other line back to :meth:`_Sums.add`, the rule book (about 3x faster
 a fold; BENCHMARKS.md "Analytics beside ingest").
+
+Errors say what they are (:class:`Unavailable`, a 503): a full disk, an I/O error, the store's
+write lock held past the wait, a day file that cannot be read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
 import sqlite3
+import stat
+import threading
 import time
 import weakref
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import quote
+
+from blake3 import blake3
 
 from tiny import codec, layout, unsynced
 from tiny.cranlog import read_row
 from tiny.layout import HEADER
 from tiny.transaction import immediate
 
-_VERSION = 2  # PRAGMA user_version: a store of another version is emptied and counted again
+_VERSION = 3  # PRAGMA user_version: a store of another version is emptied and counted again
 _TABLES = (
     """CREATE TABLE files (
-    day TEXT PRIMARY KEY, inode INTEGER NOT NULL, consumed INTEGER NOT NULL,
-    rows INTEGER NOT NULL, bytes_hi INTEGER NOT NULL, bytes_lo INTEGER NOT NULL, skipped INTEGER NOT NULL
+    day TEXT PRIMARY KEY, inode INTEGER NOT NULL, head BLOB NOT NULL, tail BLOB NOT NULL,
+    consumed INTEGER NOT NULL, rows INTEGER NOT NULL, bytes_hi INTEGER NOT NULL, bytes_lo INTEGER NOT NULL,
+    skipped INTEGER NOT NULL
 ) WITHOUT ROWID""",
     """CREATE TABLE packages (
     day TEXT NOT NULL, package TEXT NOT NULL, downloads INTEGER NOT NULL, PRIMARY KEY (day, package)
@@ -69,6 +98,7 @@ _TABLES = (
     day TEXT NOT NULL, ip INTEGER NOT NULL, country TEXT NOT NULL, downloads INTEGER NOT NULL,
     PRIMARY KEY (day, ip, country)
 ) WITHOUT ROWID""",
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",  # the generation
     "CREATE INDEX packages_by_name ON packages (package, day)",
     "CREATE INDEX ips_by_downloads ON ips (day, downloads DESC, ip)",  # a day's top whales: an index range
 )
@@ -85,36 +115,216 @@ _ADD_BYTES = (
     "bytes_lo = (bytes_lo + excluded.bytes_lo) & 4294967295"
 )
 
+_EDGE = 4096  # bytes at a day file's start, and just before its counted offset, that identify it
+_FIRST_STEP = 256 * 1024  # bytes of a process's first fold step, before it has timed one
+_MIN_STEP = 64 * 1024  # longer than any CRAN row (a record's strings are at most 1,024 characters each)
+_MAX_STEP = 8 * 1024**2  # memory stays bounded on a big day
+_SETTLED_NS = 1_000_000_000  # a file unchanged this long before a check is remembered by its stat
+_SEEN_DAYS = 4096  # day files a process remembers so
+_STEP_SECONDS = 2.0  # a fold step (one transaction) aims to take this long, wall clock (8 MiB at 0.1 CPU)
+_MARGIN = 0.5  # of the time left before a deadline, the share a step is sized to (its time is a guess)
+# Bytes left up to which a Behind counts the rows left (their line ends) rather than estimating
+# them: the compiled count reads gigabytes a second, Python's about a tenth of that.
+_EXACT_LEFT = {True: 64 * 1024**2, False: 4 * 1024**2}  # (compiled codec in use) -> bytes
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_IOERR, _SQLITE_FULL = 5, 6, 10, 13  # primary result codes
+
 
 def join_bytes(hi: int, lo: int) -> int:
     """A byte total from its two stored columns."""
     return (hi << 32) + lo
 
 
-_READ_BLOCK = 8 * 1024**2  # bytes folded per step: memory stays bounded on a big day
+def _amount(nbytes: int) -> str:
+    if nbytes >= 1_000_000:
+        return f"{nbytes / 1e6:.1f} MB"
+    if nbytes >= 1_000:
+        return f"{nbytes / 1e3:.1f} KB"
+    return f"{nbytes} bytes"
 
 
 class Behind(RuntimeError):
-    """A fold ran out of time before the day was up to date: ``(day, bytes left to fold)``."""
+    """A fold reached its deadline before the days it was given were up to date: ``day``, the
+    first that is not; ``left``, the bytes left to fold in it and the days after it; ``rows``,
+    the rows in them (None: not said); ``exact``, whether ``rows`` was counted (or estimated
+    from the rows per byte counted so far); ``days``, how many days have bytes left. All read
+    when it is raised."""
 
-    def __init__(self, day: str, left: int) -> None:
-        super().__init__(day, left)
-        self.day, self.left = day, left
+    def __init__(self, day: str, left: int, rows: int | None = None, exact: bool = True, days: int = 1) -> None:
+        super().__init__(day, left, rows, exact, days)
+        self.day, self.left, self.rows, self.exact, self.days = day, left, rows, exact, days
 
     def __str__(self) -> str:
-        return f"the aggregates of {self.day} are catching up ({self.left / 1e6:.1f} MB of it left to count)"
+        which = self.day if self.days == 1 else f"{self.day} and {self.days - 1} more day(s)"
+        if self.rows is None:
+            return f"the aggregates of {which} are catching up: {_amount(self.left)} left to count"
+        rows = f"{'' if self.exact else 'about '}{self.rows:,} rows"
+        return f"the aggregates of {which} are catching up: {rows} left to count ({_amount(self.left)})"
 
 
 class Unavailable(RuntimeError):
-    """The store could not be opened or marked (tiny.unsynced): its lock held past the busy
-    timeout, or its marker not writable (a full disk, a wrong file in its place)."""
+    """The store cannot answer now, and why (:func:`store_error`): a full disk, an I/O error,
+    its write lock or its marker's lock (tiny.unsynced) held past the wait, its marker not
+    writable (a wrong file in its place), a day file that cannot be read."""
 
     def __str__(self) -> str:
-        return f"the aggregate store is unavailable ({self.args[0]})"
+        return str(self.args[0])
+
+
+class NotARegularFile(Unavailable):
+    """A day file that is a FIFO, a device, a socket or a directory: refused, not read."""
+
+
+def store_error(exc: OSError | sqlite3.Error) -> Unavailable:
+    """What an error from the store's files or from SQLite means, said as such."""
+    if isinstance(exc, sqlite3.Error):
+        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+        full, failed, busy = code == _SQLITE_FULL, code == _SQLITE_IOERR, code in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    else:
+        full, failed = exc.errno in (errno.ENOSPC, errno.EDQUOT), exc.errno == errno.EIO
+        busy = isinstance(exc, TimeoutError)
+    if full:
+        return Unavailable(f"the disk under the aggregate store is full ({exc})")
+    if failed:
+        return Unavailable(f"the disk under the aggregate store failed: an I/O error ({exc})")
+    if busy:
+        return Unavailable(
+            f"the aggregate store is busy: another process held its write lock for the whole wait ({exc}), "
+            "as a fold of a long day or tiny-admin rebuild-aggregates does"
+        )
+    return Unavailable(f"the aggregate store is unavailable ({exc})")
+
+
+@contextlib.contextmanager
+def _reported() -> Iterator[None]:
+    """The store's OSErrors and SQLite errors as :class:`Unavailable` (store_error)."""
+    try:
+        yield
+    except (OSError, sqlite3.Error) as exc:
+        raise store_error(exc) from exc
 
 
 def aggregates_path(data_dir: Path) -> Path:
     return layout.state_dir(data_dir) / "aggregates.sqlite3"
+
+
+def generation_path(data_dir: Path) -> Path:
+    return layout.state_dir(data_dir) / "aggregates.generation"
+
+
+def read_generation(data_dir: Path) -> int:
+    """The store's generation as it last published it (0: none). The store draws it at random
+    when it is made and raises it by one at each rebuild (in the same transaction, with the
+    file written before the commit), so a process that keeps answers from the store
+    (tiny.live) learns with one small read that it was rebuilt or made again."""
+    try:
+        fd = os.open(generation_path(data_dir), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    try:
+        text = os.pread(fd, 32, 0)
+    finally:
+        os.close(fd)
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
+
+def _publish(path: Path, generation: int) -> None:
+    """Write ``generation`` to the generation file ``path`` (replaced whole: a reader sees the old or the new)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_bytes(b"%d\n" % generation)
+    os.replace(tmp, path)
+
+
+def open_regular(path: Path | str) -> int:
+    """A read-only descriptor of the regular file at ``path`` (a symlink to one is read through).
+    FileNotFoundError when there is none; :class:`NotARegularFile`, at once, for anything else:
+    a FIFO's open(2) would wait for a writer, a device's could do anything. Checked before the
+    open, and on the open file (opened O_NONBLOCK, so that one swapped in between is never
+    waited on either)."""
+    return _open_regular(path)[0]
+
+
+def _open_regular(path: Path | str) -> tuple[int, os.stat_result]:
+    """:func:`open_regular`'s descriptor, and the fstat of the file it has open."""
+    check_regular(path, os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        opened = os.fstat(fd)
+        check_regular(path, opened.st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, opened
+
+
+def check_regular(path: Path | str, mode: int) -> None:
+    """:class:`NotARegularFile`, naming ``path`` and what it is, unless ``mode`` (its st_mode)
+    is a regular file's."""
+    kind = _kind(mode)
+    if kind is not None:
+        raise NotARegularFile(f"{os.path.basename(path)} is not a regular file but a {kind}: refused, not read")
+
+
+def _kind(mode: int) -> str | None:
+    """None for a regular file, else what it is."""
+    if stat.S_ISREG(mode):
+        return None
+    kinds = (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISDIR, "directory"),
+    )
+    return next((name for test, name in kinds if test(mode)), "special file")
+
+
+def _fingerprint(stat: os.stat_result) -> tuple[int, int, int, int]:
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+def _digest(data: bytes) -> bytes:
+    return blake3(data).digest(16)
+
+
+class _DayFile(NamedTuple):
+    day: str
+    fd: int
+    inode: int
+    seen: tuple[int, int, int, int]  # (inode, size, mtime_ns, ctime_ns), stat'ed just after the open
+    opened_ns: int  # time.time_ns() just before the open
+
+    def read(self, size: int, offset: int) -> bytes:
+        try:
+            return os.pread(self.fd, size, offset)
+        except OSError as exc:
+            raise Unavailable(f"the day file {layout.day_file(self.day)} could not be read ({exc})") from exc
+
+
+class _Folded(NamedTuple):
+    rows: int
+    consumed: int  # the bytes of the file counted now
+    read: int  # the new bytes this step read
+
+
+class _Pace:
+    """How long a fold step takes in this process, wall clock, per byte: the size of the next."""
+
+    def __init__(self) -> None:
+        self.seconds_per_byte = 0.0
+
+    def step(self, deadline: float | None) -> int:
+        if not self.seconds_per_byte:
+            return _FIRST_STEP
+        budget = _STEP_SECONDS if deadline is None else min(_STEP_SECONDS, _MARGIN * (deadline - time.monotonic()))
+        return int(min(_MAX_STEP, max(_MIN_STEP, budget / self.seconds_per_byte)))
+
+    def took(self, nbytes: int, seconds: float) -> None:
+        if nbytes >= _MIN_STEP:  # (a last short step would say more about its fixed costs than the bytes')
+            rate = seconds / nbytes
+            self.seconds_per_byte = (self.seconds_per_byte + rate) / 2 if self.seconds_per_byte else rate
 
 
 @dataclass
@@ -182,12 +392,16 @@ class Aggregates:
 
     def __init__(self, data_dir: Path, busy_timeout: float = 10.0) -> None:
         self.data_dir = Path(data_dir)
+        self._root = str(self.data_dir)  # (joined as strs: Path joins cost more than the reads)
         self.busy_timeout = busy_timeout  # seconds to wait for another process's transaction
         self.path = aggregates_path(self.data_dir)
         self.marker = unsynced.Marker(self.path)
         self._db: sqlite3.Connection | None = None
         self._closer: weakref.finalize | None = None  # closes it as tiny.unsynced says, also at exit
         self._inode = -1  # the store file's, when this connection opened it
+        self._pace = _Pace()
+        # day -> (its file's stat, the files row it matched): see _counted and _unchanged
+        self._seen: OrderedDict[str, tuple[tuple[int, int, int, int], tuple[int, bytes, bytes, int]]] = OrderedDict()
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -200,13 +414,13 @@ class Aggregates:
                         uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout
                     )
                     try:
-                        _set_up(db, self.marker, time.monotonic() + self.busy_timeout)
+                        _set_up(db, self.marker, generation_path(self.data_dir), time.monotonic() + self.busy_timeout)
                         self._inode = os.stat(self.path).st_ino
                     except BaseException:
                         db.close()
                         raise
-            except OSError as exc:  # (a TimeoutError of the lock among them)
-                raise Unavailable(exc) from exc
+            except (OSError, sqlite3.Error) as exc:  # (a TimeoutError of the marker's lock among them)
+                raise store_error(exc) from exc
             self._db = db
             self._closer = weakref.finalize(self, unsynced.close, db, self.marker)
         return self._db
@@ -234,6 +448,20 @@ class Aggregates:
             return False
         return True
 
+    def generation(self) -> int:
+        """The store's generation (:func:`read_generation`), as this connection sees it now."""
+        with _reported():
+            return int(self.db.execute("SELECT value FROM meta WHERE name = 'generation'").fetchone()[0])
+
+    def publish_generation(self) -> None:
+        """Write the store's generation to its file if the file says another (lost, or written
+        by a rebuild that never committed), under the store's write lock: no rebuild
+        publishes meanwhile."""
+        with _reported(), immediate(self.db):
+            generation = self.generation()
+            if read_generation(self.data_dir) != generation:
+                _publish(generation_path(self.data_dir), generation)
+
     def _reopen_if_replaced(self) -> None:
         """Open the store again if its file is no longer the one this connection has (deleted
         by an operator, or as untrusted by another process: tiny.unsynced.Marker.admit)."""
@@ -250,95 +478,234 @@ class Aggregates:
         """A write transaction (tiny.transaction.immediate) whose first step marks the store
         written under this boot (tiny.unsynced)."""
         with immediate(self.db):
-            try:
-                self.marker.before_write()
-            except OSError as exc:
-                raise Unavailable(exc) from exc
+            self.marker.before_write()
             yield
+
+    @contextlib.contextmanager
+    def _day_file(self, day: str) -> Iterator[_DayFile | None]:
+        """The day's file, open (None when there is none); NotARegularFile for a FIFO, a device..."""
+        name = layout.day_file(day)
+        opened_ns = time.time_ns()
+        try:
+            fd, stat = _open_regular(os.path.join(self._root, name))
+        except FileNotFoundError:
+            yield None
+            return
+        except OSError as exc:
+            raise Unavailable(f"the day file {name} could not be opened ({exc})") from exc
+        try:
+            yield _DayFile(day, fd, stat.st_ino, _fingerprint(stat), opened_ns)
+        finally:
+            os.close(fd)
 
     def fold(
         self, sizes: Mapping[str, int], within: tuple[str, str] | None = None, deadline: float | None = None
     ) -> int:
         """Bring the days of ``sizes`` (day -> committed size of its file) up to date; returns
-        the rows folded in. One transaction per block of at most _READ_BLOCK bytes, so that
-        a long catch-up lets other processes' folds and reads in between. With ``within``
-        (first and last day), a day of that span that is stored but not in ``sizes`` is
-        forgotten: its file was removed. Past ``deadline`` (time.monotonic()), between two
-        blocks, :class:`Behind` (what was folded stays: the next fold goes on from there)."""
+        the rows folded in. One transaction per step (see the module docstring), so that a long
+        catch-up lets other processes' folds and reads in between. With ``within`` (first and
+        last day), a day of that span that is stored but not in ``sizes`` is forgotten: its
+        file was removed. At ``deadline`` (time.monotonic(), which is the same clock in every
+        process of the machine), :class:`Behind` (what was folded stays: the next fold goes on
+        from there). :class:`Unavailable` when the store or a day file cannot be read or
+        written (saying why)."""
+        with _reported():
+            self._reopen_if_replaced()
+            if within is not None:
+                stored = self.db.execute("SELECT day FROM files WHERE day BETWEEN ? AND ?", within).fetchall()
+                for (day,) in stored:
+                    if day not in sizes:
+                        with self._writing():
+                            self._forget(day)
+            days = list(sizes.items())
+            return sum(self._fold_day(days, index, deadline) for index in range(len(days)))
+
+    def _fold_day(self, days: list[tuple[str, int]], index: int, deadline: float | None) -> int:
+        """Fold ``days[index]`` up to its size, in steps; Behind (for it and the days after it) at the deadline."""
+        day, size = days[index]
+        if self._unchanged(day, size):
+            return 0  # up to date: a stat and an indexed read
         folded = 0
-        self._reopen_if_replaced()
-        if within is not None:
-            stored = self.db.execute("SELECT day FROM files WHERE day BETWEEN ? AND ?", within).fetchall()
-            for (day,) in stored:
-                if day not in sizes:
+        with self._day_file(day) as file:
+            if file is None:
+                if self.db.execute("SELECT 1 FROM files WHERE day = ?", (day,)).fetchone():
                     with self._writing():
                         self._forget(day)
-        for day, size in sizes.items():
-            row = self.db.execute("SELECT inode, consumed FROM files WHERE day = ?", (day,)).fetchone()
-            if row is not None and row[1] >= size and row[0] == _inode(self.data_dir, day):
-                continue  # up to date: an indexed read and a stat
+                return 0
+            counted = self._counted(file)
+            if counted is not None and counted >= size:
+                return 0  # up to date: an indexed read and two small reads of the file
             while True:
-                with self._writing():
-                    rows = self._fold_block(day, size)
-                if rows is None:
-                    break
-                folded += rows
-                if deadline is not None and time.monotonic() > deadline:
-                    consumed = self.db.execute("SELECT consumed FROM files WHERE day = ?", (day,)).fetchone()
-                    raise Behind(day, size - (consumed[0] if consumed else 0))
-        return folded
+                if deadline is not None and time.monotonic() >= deadline:
+                    behind = self._behind(days[index:])
+                    if behind is not None:
+                        raise behind
+                step = self._pace.step(deadline)
+                started = time.monotonic()
+                if deadline is not None:  # a wait for another process's transaction ends at the deadline too
+                    wait = min(self.busy_timeout, max(0.05, deadline - started))
+                    self.db.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
+                try:
+                    with self._writing():
+                        done = self._fold_step(file, size, step)
+                finally:
+                    if deadline is not None:
+                        self.db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+                if done is None:
+                    return folded
+                self._pace.took(done.read, time.monotonic() - started)
+                folded += done.rows
+                if done.consumed >= size:
+                    return folded
 
     def rebuild(self, sizes: Mapping[str, int]) -> int:
         """Forget every aggregate and fold the days of ``sizes`` from their start, in ONE
-        transaction: readers see the old counts until the new ones are complete; other
-        folds wait (up to the connection's timeout) meanwhile. Returns the rows folded."""
+        transaction that also raises the store's generation (:func:`read_generation`):
+        readers see the old counts until the new ones are complete; other folds wait (up to
+        the connection's timeout) meanwhile. Returns the rows folded."""
         folded = 0
-        self._reopen_if_replaced()
-        with self._writing():
-            for table in ("files", *_PER_DAY):
-                self.db.execute(f"DELETE FROM {table}")
-            for day, size in sorted(sizes.items()):
-                while (rows := self._fold_block(day, size)) is not None:
-                    folded += rows
+        with _reported():
+            self._reopen_if_replaced()
+            with self._writing():
+                self._seen.clear()
+                for table in ("files", *_PER_DAY):
+                    self.db.execute(f"DELETE FROM {table}")
+                for day, size in sorted(sizes.items()):
+                    with self._day_file(day) as file:
+                        while file is not None and (done := self._fold_step(file, size, _MAX_STEP)) is not None:
+                            folded += done.rows
+                            if done.consumed >= size:
+                                break
+                generation = self.generation() + 1
+                self.db.execute("UPDATE meta SET value = ? WHERE name = 'generation'", (generation,))
+                # Published before the commit: no answer from the old counts is ever kept under it.
+                _publish(generation_path(self.data_dir), generation)
         return folded
 
-    def _fold_block(self, day: str, size: int) -> int | None:
-        """Fold the next block of the day's complete lines below ``size`` (in the caller's
-        transaction); the rows folded, or None when there is nothing (more) to fold."""
-        try:
-            fd = os.open(layout.day_path(self.data_dir, day), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            self._forget(day)
+    def _counted(self, file: _DayFile) -> int | None:
+        """The bytes of ``file`` the store has counted; None when it has no count of this file
+        (none of its day, or one of another file, or of bytes no longer there). A file found
+        to be the one counted, and unchanged for a second before it was opened, is remembered
+        with its stat (:meth:`_unchanged`)."""
+        row = self.db.execute("SELECT inode, head, tail, consumed FROM files WHERE day = ?", (file.day,)).fetchone()
+        if row is None:
             return None
-        try:
-            stat = os.fstat(fd)
-            row = self.db.execute("SELECT inode, consumed FROM files WHERE day = ?", (day,)).fetchone()
-            consumed = 0
-            if row is not None and row[0] == stat.st_ino and row[1] <= stat.st_size:
-                consumed = row[1]
-            elif row is not None:
-                self._forget(day)  # another file, or cut below what was folded: from its start
-            if consumed >= size:
-                return None
-            block = os.pread(fd, min(_READ_BLOCK, size - consumed), consumed)
-            end = block.rfind(b"\n") + 1
-            if end == 0:  # a line still being written (or one longer than a block: never a CRAN row)
-                return None
-            start = len(HEADER) if consumed == 0 and block.startswith(HEADER) else 0
-            sums = count(block, start, end)
-            self._add(day, stat.st_ino, consumed + end, sums)
-            return sums.rows
-        finally:
-            os.close(fd)
+        consumed = row[3]
+        edge = min(consumed, _EDGE)
+        if not self._same(file, row, file.read(edge, consumed - edge)):
+            return None
+        if file.seen[3] <= file.opened_ns - _SETTLED_NS:
+            self._seen[file.day] = (file.seen, row)
+            self._seen.move_to_end(file.day)
+            while len(self._seen) > _SEEN_DAYS:
+                self._seen.popitem(last=False)
+        return consumed
 
-    def _add(self, day: str, inode: int, consumed: int, sums: _Sums) -> None:
+    def _unchanged(self, day: str, size: int) -> bool:
+        """Whether the day's file is, by its stat, the one :meth:`_counted` found counted and
+        unchanged since, and the store still has that count, of at least ``size`` bytes. The
+        file's change time (ctime) is what says so: every write, truncation, rename or new file
+        in its inode stamps it with the time of the change, which the process cannot choose;
+        a file unchanged for a second before it was checked keeps it until it changes again,
+        and any change after the check stamps a later time (the kernel's clock for it is coarse
+        by at most a tick: milliseconds). (A clock stepped back by hand to the very same
+        nanosecond is the one case it would not tell.)"""
+        seen = self._seen.get(day)
+        if seen is None:
+            return False
+        try:
+            stat = os.stat(os.path.join(self._root, layout.day_file(day)))
+        except FileNotFoundError:
+            return False
+        if _fingerprint(stat) != seen[0]:
+            return False
+        row = self.db.execute("SELECT inode, head, tail, consumed FROM files WHERE day = ?", (day,)).fetchone()
+        return row == seen[1] and row[3] >= size
+
+    def _same(self, file: _DayFile, row: tuple[int, bytes, bytes, int], before: bytes) -> bool:
+        """Whether ``file`` is the one ``row`` of ``files`` counted, ``before`` being its bytes
+        just before the counted offset (the _EDGE bytes there, fewer near its start)."""
+        inode, head, tail, consumed = row
+        if inode != file.inode or len(before) != min(consumed, _EDGE) or _digest(before) != tail:
+            return False
+        return _digest(before if consumed <= _EDGE else file.read(_EDGE, 0)) == head
+
+    def _fold_step(self, file: _DayFile, size: int, step: int) -> _Folded | None:
+        """Fold the next complete lines of ``file`` below ``size``, at most ``step`` bytes (in
+        the caller's transaction), from its start if the store's count is of another file or of
+        bytes no longer there; None when there is nothing (more) to fold."""
+        row = self.db.execute("SELECT inode, head, tail, consumed FROM files WHERE day = ?", (file.day,)).fetchone()
+        consumed = 0 if row is None else row[3]
+        edge = min(consumed, _EDGE)
+        # The bytes before the counted offset and the new ones, in one read: what is added was
+        # read from the file that was checked.
+        data = file.read(edge + max(0, min(step, size - consumed)), consumed - edge)
+        if row is not None and not self._same(file, row, data[:edge]):
+            self._forget(file.day)  # another file, or cut below what was counted: from its start
+            row, consumed, edge = None, 0, 0
+            data = file.read(min(step, size), 0)
+        end = data.rfind(b"\n", edge) + 1
+        if end <= edge:  # nothing new, or a line still being written
+            return None
+        start = edge + len(HEADER) if consumed == 0 and data.startswith(HEADER) else edge
+        sums = count(data, start, end)
+        now = consumed + end - edge
+        head = row[1] if row is not None and consumed >= _EDGE else _digest(data[: min(now, _EDGE)])
+        self._add(file.day, file.inode, head, _digest(data[end - min(now, _EDGE) : end]), now, sums)
+        return _Folded(sums.rows, now, end - edge)
+
+    def _behind(self, days: list[tuple[str, int]]) -> Behind | None:
+        """What is left to fold of ``days``, read now; None when nothing is. The rows left are
+        counted (their line ends) when the bytes are at most _EXACT_LEFT, else estimated."""
+        behind: list[tuple[str, int, int]] = []  # (day, bytes counted, size)
+        for day, size in days:
+            with self._day_file(day) as file:
+                counted = 0 if file is None else (self._counted(file) or 0)
+            if file is not None and size > counted:
+                behind.append((day, counted, size))
+        if not behind:
+            return None
+        left = sum(size - counted for _, counted, size in behind)
+        first = behind[0][0]
+        if left <= _EXACT_LEFT[codec.CODEC == "rust"]:
+            rows = sum(self._rows_between(day, counted, size) for day, counted, size in behind)
+            return Behind(first, left, rows, True, len(behind))
+        return Behind(first, left, self._rows_in(first, left), False, len(behind))
+
+    def _rows_between(self, day: str, start: int, end: int) -> int:
+        """The rows (complete lines, not the header) of the day file from ``start`` to ``end``."""
+        with self._day_file(day) as file:
+            if file is None:
+                return 0
+            header = 1 if start == 0 and file.read(len(HEADER), 0) == HEADER else 0
+            if codec.CODEC == "rust":
+                from tiny import _codec
+
+                return int(_codec.count_lines(file.fd, start, end, 0)[0]) - header
+            lines = 0
+            while start < end and (chunk := file.read(min(end - start, 1 << 20), start)):
+                lines += chunk.count(b"\n")
+                start += len(chunk)
+            return lines - header
+
+    def _rows_in(self, day: str, nbytes: int) -> int | None:
+        """About how many rows ``nbytes`` of ``day`` hold, by the rows per byte counted so far in
+        that day, or in every day (None with fewer than 1,000 rows counted)."""
+        for where, args in (("WHERE day = ?", (day,)), ("", ())):
+            rows, consumed = self.db.execute(f"SELECT SUM(rows), SUM(consumed) FROM files {where}", args).fetchone()
+            if rows and rows >= 1000:
+                return round(nbytes * rows / consumed)
+        return None
+
+    def _add(self, day: str, inode: int, head: bytes, tail: bytes, consumed: int, sums: _Sums) -> None:
         db = self.db
         hi, lo = sums.bytes >> 32, sums.bytes & _LO
         db.execute(
-            "INSERT INTO files (day, inode, consumed, rows, bytes_hi, bytes_lo, skipped) VALUES (?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (day) DO UPDATE SET inode = excluded.inode, consumed = excluded.consumed, "
+            "INSERT INTO files (day, inode, head, tail, consumed, rows, bytes_hi, bytes_lo, skipped) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day) DO UPDATE SET inode = excluded.inode, "
+            "head = excluded.head, tail = excluded.tail, consumed = excluded.consumed, "
             f"rows = rows + excluded.rows, {_ADD_BYTES}, skipped = skipped + excluded.skipped",
-            (day, inode, consumed, sums.rows, hi, lo, sums.skipped),
+            (day, inode, head, tail, consumed, sums.rows, hi, lo, sums.skipped),
         )
         add = "ON CONFLICT DO UPDATE SET downloads = downloads + excluded.downloads"
         db.executemany(
@@ -363,12 +730,13 @@ class Aggregates:
         )
 
     def _forget(self, day: str) -> None:
+        self._seen.pop(day, None)
         self.db.execute("DELETE FROM files WHERE day = ?", (day,))
         for table in _PER_DAY:
             self.db.execute(f"DELETE FROM {table} WHERE day = ?", (day,))
 
 
-def _set_up(db: sqlite3.Connection, marker: unsynced.Marker, deadline: float) -> None:
+def _set_up(db: sqlite3.Connection, marker: unsynced.Marker, generation_file: Path, deadline: float) -> None:
     """WAL mode, no fsync (tiny.unsynced; with no boot id to mark, synchronous=NORMAL), and
     the tables of _VERSION (a store of another version, or an older one without a version,
     is emptied: counted again from the files by the next folds). SQLite answers "locked" at
@@ -381,7 +749,7 @@ def _set_up(db: sqlite3.Connection, marker: unsynced.Marker, deadline: float) ->
                 db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={'NORMAL' if unsynced.BOOT is None else 'OFF'}")
             if db.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
-                _create(db, marker)
+                _create(db, marker, generation_file)
             return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() > deadline:
@@ -389,9 +757,10 @@ def _set_up(db: sqlite3.Connection, marker: unsynced.Marker, deadline: float) ->
             time.sleep(0.01)
 
 
-def _create(db: sqlite3.Connection, marker: unsynced.Marker) -> None:
-    """The tables of _VERSION in place of whatever is there, in one transaction (DDL is
-    transactional in SQLite: a second process doing the same waits, then finds it done)."""
+def _create(db: sqlite3.Connection, marker: unsynced.Marker, generation_file: Path) -> None:
+    """The tables of _VERSION in place of whatever is there, and a new generation drawn and
+    published, in one transaction (DDL is transactional in SQLite: a second process doing
+    the same waits, then finds it done)."""
     with immediate(db):
         marker.before_write()
         if db.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
@@ -399,11 +768,7 @@ def _create(db: sqlite3.Connection, marker: unsynced.Marker) -> None:
                 db.execute(f'DROP TABLE "{table}"')
             for statement in _TABLES:
                 db.execute(statement)
+            generation = secrets.randbits(62) + 1  # never 0, never one an earlier store had (but by chance)
+            db.execute("INSERT INTO meta VALUES ('generation', ?)", (generation,))
+            _publish(generation_file, generation)
             db.execute(f"PRAGMA user_version = {_VERSION}")
-
-
-def _inode(data_dir: Path, day: str) -> int | None:
-    try:
-        return os.stat(layout.day_path(data_dir, day)).st_ino
-    except FileNotFoundError:
-        return None

@@ -13,6 +13,9 @@
 
 Days without data count 0. Ties in ``top``, ``monthly_totals`` and ``trending``: the package
 name, alphabetically.
+The totals of all packages (no package named) count every row, those without a package (a
+bare ``NA``) too, as the public service does (its import sums the package field's counts, NA
+included): the store's rows per day (``files.rows``), not the sum of its packages.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def totals(store: Aggregates, period: Period, packages: list[str] | None) -> lis
     span = {"start": start, "end": end}
     if packages is None:
         (count,) = store.db.execute(
-            "SELECT COALESCE(SUM(downloads), 0) FROM packages WHERE day BETWEEN ? AND ?", (start, end)
+            "SELECT COALESCE(SUM(rows), 0) FROM files WHERE day BETWEEN ? AND ?", (start, end)
         ).fetchone()
         return [{"downloads": count, **span}]
     return [{"downloads": package_sum(store, name, start, end), **span, "package": name} for name in packages]
@@ -119,9 +122,7 @@ def daily(store: Aggregates, period: Period, packages: list[str] | None) -> list
         return [{"day": day, "downloads": found.get(day, 0)} for day in period.days()]
 
     if packages is None:
-        rows = store.db.execute(
-            "SELECT day, SUM(downloads) FROM packages WHERE day BETWEEN ? AND ? GROUP BY day", (start, end)
-        ).fetchall()
+        rows = store.db.execute("SELECT day, rows FROM files WHERE day BETWEEN ? AND ?", (start, end)).fetchall()
         return [{"downloads": per_day(rows), **span}]
     answer = []
     for name in packages:

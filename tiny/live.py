@@ -16,18 +16,28 @@ Both the downloads API (tiny.downloads) and the dashboard's API and charts
   of its bytes: two flushes within one tick share a time, never their bytes, since a
   committed flush's sizes are never written again), and the data dir's own modification
   time (a day file added or removed): an open, a read and a stat, so an unchanged answer
-  comes from memory.
+  comes from memory. Either way an answer is also kept under the store's generation it was
+  read from (tiny.aggregates.read_generation), and served only while the store publishes that
+  generation: ``tiny-admin rebuild-aggregates``, or a store deleted and made again, reaches
+  every kept answer at the next query (one more small read).
 - :func:`fold_job`, in the pool: fold the days up to those sizes (read your writes: an answer
-  given after a POST's 200 counts its rows), then answer from the store. A fold that cannot
-  catch up within FOLD_SECONDS (rows arrive in that day faster than the analytics CPU quota
-  counts them) stops there, keeping what it counted, and the query gets
-  :class:`tiny.aggregates.Behind`: a 503 that says how much is left.
+  given after a POST's 200 counts its rows), then answer from the store. A query that cannot
+  be brought up to date within FOLD_SECONDS of its arrival (rows arrive in that day faster
+  than the analytics CPU quota counts them, or its job waited its turn in the pool) stops
+  there, keeping what it counted, and gets :class:`tiny.aggregates.Behind`: a 503 that says
+  what is left, read at that moment. A pool that has not answered _LATE after that (its
+  process still starting, or busy with the queries ahead of this one) gets the query a
+  :class:`tiny.analytics.service.Busy` from the worker instead. The store's errors reach the query as
+  :class:`tiny.aggregates.Unavailable`, saying what they are (a full disk, an I/O error, a
+  day file that is not a regular file...).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
+import sqlite3
 import time
 import zlib
 from collections import OrderedDict
@@ -37,39 +47,58 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tiny import layout
+from tiny.aggregates import read_generation
 
 if TYPE_CHECKING:
     from tiny.aggregates import Aggregates
     from tiny.analytics.service import Analytics
     from tiny.sink import DailyFileSink
 
-Version = tuple[int, ...]  # the intent file's mtime and CRC, the data dir's mtime, (size, mtime) of named days
+# The intent file's mtime and CRC and the data dir's mtime; or (inode, size, mtime) of each named day.
+Version = tuple[int, ...]
 _STAT_DAYS = 366  # a query naming at most this many days also versions them by their files' stats
 _CACHE_ANSWERS = 1024
 _CACHE_BYTES = 32 * 1024**2  # answers kept per worker: charts weigh up to ~100 KB each
 _ALL_DAYS = ("0000-00-00", "9999-99-99")
-FOLD_SECONDS = 10.0  # a query folds for at most this long, then is answered 503 (tiny.aggregates.Behind)
+FOLD_SECONDS = 10.0  # a query is answered within this long (and a fold step) or gets 503 (tiny.aggregates.Behind)
+_LATE = 1.0  # past FOLD_SECONDS and this, the worker answers 503 itself (the pool has not reached the query)
 
 _stores: dict[str, Aggregates] = {}  # in a pool process: the store of each data dir
 
 
-def fold_job(data_dir: str, sizes: dict[str, int], within: tuple[str, str], query: tuple[Any, ...]) -> bytes:
+def fold_job(
+    data_dir: str,
+    sizes: dict[str, int],
+    within: tuple[str, str],
+    query: tuple[Any, ...],
+    seen: int,
+    deadline: float,
+) -> tuple[int, bytes]:
     """In the analytics pool: fold ``sizes`` into the store of ``data_dir`` (the days of
-    ``within`` that have no file are forgotten), then answer ``query``: the downloads API's
-    (tiny.downloads.answer) or the dashboard's (tiny.analytics.store.answer), as bytes."""
+    ``within`` that have no file are forgotten) until ``deadline`` (time.monotonic(): one
+    clock for every process of the machine), then answer ``query``: the downloads API's
+    (tiny.downloads.answer) or the dashboard's (tiny.analytics.store.answer), as bytes, with
+    the store's generation it was read from (read before the answer: the answer is of that
+    generation or a newer one). ``seen``: the generation the worker read from the store's
+    file; when it is not the store's, the file is written again if it says another."""
     from tiny import downloads
-    from tiny.aggregates import Aggregates
+    from tiny.aggregates import Aggregates, store_error
     from tiny.analytics import store as dashboard
 
     store = _stores.get(data_dir)
     if store is None:
         store = _stores[data_dir] = Aggregates(Path(data_dir))
-    if query[0] in dashboard.UNFOLDED:
-        return dashboard.answer(store, query, sizes)  # counts lines itself: no fold of a day being written
-    store.fold(sizes, within, time.monotonic() + FOLD_SECONDS)
-    if query[0] in downloads.KINDS:
-        return downloads.answer(store, query)
-    return dashboard.answer(store, query, sizes)
+    if query[0] in dashboard.UNFOLDED:  # counts lines itself: no fold of a day being written
+        return seen, dashboard.answer(store, query, sizes)
+    store.fold(sizes, within, deadline)
+    try:
+        generation = store.generation()
+        body = downloads.answer(store, query) if query[0] in downloads.KINDS else dashboard.answer(store, query, sizes)
+    except sqlite3.Error as exc:
+        raise store_error(exc) from None
+    if generation != seen:
+        store.publish_generation()
+    return generation, body
 
 
 def warm_job() -> None:
@@ -83,7 +112,7 @@ def warm_job() -> None:
 @dataclass(frozen=True)
 class Answer:
     body: bytes
-    version: Version
+    version: Version  # the store's generation it was read from, then the Version of the files it read
 
     @property
     def etag(self) -> str:
@@ -161,7 +190,9 @@ class Live:
     async def answer(self, query: tuple[Any, ...], needed: list[str] | None) -> Answer:
         """The answer to ``query`` (see fold_job), reading the days ``needed`` (None: all; a
         day of their span without a file is forgotten by the store)."""
+        deadline = time.monotonic() + FOLD_SECONDS
         version = self.version()
+        generation = read_generation(self.data_dir)
         existing = self.days(version)
         if needed is None:
             days, within = existing, _ALL_DAYS
@@ -175,13 +206,27 @@ class Live:
             stats = self._stats(set(needed))
             version = tuple(itertools.chain.from_iterable(stats.values()))
         cached = self._answers.get(query)
-        if cached is not None and cached.version == version:
+        if cached is not None and cached.version == (generation, *version):
             self._answers.move_to_end(query)
             return cached
         sizes = await self.sink.committed_sizes(days)
         key = ("live", query, version)
-        body = await self.analytics.call(key, fold_job, str(self.data_dir), sizes, within, query)
-        answer = Answer(bytes(body), version)
+        job = (str(self.data_dir), sizes, within, query, generation, deadline)
+        what = f"the {query[0]} query of {len(days)} day(s)"
+        late = asyncio.timeout(max(0.0, deadline + _LATE - time.monotonic()))
+        try:
+            async with late:
+                read_from, body = await self.analytics.call(key, fold_job, *job, what=what)
+        except TimeoutError:  # (the job goes on: a query asking the same meanwhile waits for it)
+            if not late.expired():
+                raise
+            from tiny.analytics.service import Busy
+
+            raise Busy(
+                f"the analytics process has not answered within {FOLD_SECONDS + _LATE:.0f} s "
+                "(still counting new rows for the queries ahead of this one)"
+            ) from None
+        answer = Answer(bytes(body), (read_from, *version))
         if any(sizes.get(day, -1) != size for day, (inode, size, _) in stats.items() if inode != -1):
             return answer  # bytes were in flight: this answer does not count all these files hold
         old = self._answers.pop(query, None)

@@ -19,6 +19,7 @@ progress).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -41,6 +42,7 @@ HOURS = 24
 _ROWS_CACHE_BYTES = 64 * 1024**2  # rows of ip_ids a pool process keeps (the newest always)
 _ROW_WEIGHT = 4  # a Row weighs about 4x its line
 _PARENT_POLL_SECONDS = 1.0
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 _rows: OrderedDict[tuple[str, int, int, int], tuple[list[Row], int]] = OrderedDict()  # key -> (rows, weight)
 _rows_held = [0]  # the weights of _rows, summed
@@ -71,22 +73,52 @@ class DayFile:
 
 def pool_init(parent: int) -> None:
     """Runs first in each pool process (confined already: tiny.analytics.cpu.ConfinedContext):
-    signals, the parent watch."""
+    signals, and its end with its worker's.
+
+    A worker killed with -9 cannot stop its pool. On Linux the kernel does: PR_SET_PDEATHSIG
+    has it SIGKILL this process when the thread that spawned it ends, and SIGKILL reaches
+    even a stopped process (a pool process SIGSTOPped, then its worker killed, is gone with
+    it). That thread is the worker's event loop thread (tiny.analytics.service spawns the pool
+    from it), which ends only with the worker. A worker already gone before the request was
+    made is seen by the parent check after it. Elsewhere, a thread polls for the parent
+    (a stopped process then goes once it is continued)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the worker decides
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="parent-watch").start()
+    if _kill_me_with_my_parent():
+        if os.getppid() != parent:
+            os._exit(0)
+    else:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="parent-watch").start()
+
+
+def _kill_me_with_my_parent() -> bool:
+    """PR_SET_PDEATHSIG = SIGKILL for this process; False where that cannot be asked."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def _watch_parent(parent: int) -> None:
-    # A worker killed with -9 cannot stop its pool: the pool process notices and exits.
     while os.getppid() == parent:
         time.sleep(_PARENT_POLL_SECONDS)
     os._exit(0)
 
 
 def read_complete_lines(path: str, size: int) -> bytes:
-    """The first ``size`` bytes of ``path`` up to and including the last LF among them."""
-    with open(path, "rb") as handle:
-        data = handle.read(size)
+    """The first ``size`` bytes of ``path`` up to and including the last LF among them; a path
+    that is not a regular file is refused (tiny.aggregates.NotARegularFile), never waited on."""
+    from tiny.aggregates import open_regular
+
+    fd = open_regular(path)
+    try:
+        chunks, read = [], 0
+        while read < size and (chunk := os.pread(fd, size - read, read)):
+            chunks.append(chunk)
+            read += len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
     return data[: data.rfind(b"\n") + 1]
 
 

@@ -13,7 +13,12 @@ blocks the event loop that serves ``/ingest``.
 CPU: the pool processes of every worker of a server share one cgroup quota of
 ``--analytics-cpu`` CPUs where one can be made (tiny.analytics.cpu), and run at
 ``--analytics-nice`` (default SCHED_IDLE) within it; each one exits when its worker process
-is gone. Concurrency: at most
+is gone (tiny.analytics.compute.pool_init), even a stopped one. Time: every job has a deadline
+of JOB_SECONDS from when it starts to run in a pool process (a job waiting its turn is not
+counted); a process whose job runs past it is stuck (stopped, blocked in the kernel, looping)
+and is killed: its pool is replaced by the next query, and every query waiting on that pool is
+answered :class:`Busy` naming the job that was stuck (:meth:`Analytics.trouble` says so for
+/healthz meanwhile). Concurrency: at most
 ``--analytics-max-queued`` distinct computations wait per worker, and at most
 ``limits.ANALYTICS_ROW_QUERIES`` distinct day files' rows are read: past either a query is refused at once
 (:class:`Busy`, a 503 that says which) rather than queued without bound.
@@ -30,18 +35,22 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import gc
 import logging
 import os
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tiny import layout, limits
+from tiny.aggregates import check_regular
 from tiny.analytics import charts, compute, cpu
 from tiny.analytics.compute import DayFile
 from tiny.config import Config
@@ -49,6 +58,9 @@ from tiny.config import Config
 log = logging.getLogger("tiny.analytics")
 
 _STOP_SECONDS = 2.0  # how long close() waits for the pool processes to exit
+JOB_SECONDS = 60.0  # a pool job running longer is stuck: its process is killed, its pool replaced
+_WATCH_SECONDS = 0.5  # how often the running jobs are held to it
+_TROUBLE_SECONDS = 60.0  # how long trouble() reports a pool replaced because a job was stuck
 # The lanes: each its own pool, so that an answer from the aggregates (milliseconds) never
 # waits behind a day's rows being read or a whale's detail drawn (seconds, within the quota).
 ANSWERS, ROWS = cpu.LANES
@@ -64,41 +76,66 @@ class WhaleNotFound(LookupError):
 
 
 class Busy(RuntimeError):
-    """Too many computations queued or reading rows in this worker, the pool process died, or
-    it is closed (503; the message says which)."""
+    """Too many computations queued or reading rows in this worker, the pool process died or
+    was stuck, or it is closed (503; the message says which)."""
+
+
+def _processes_of(pool: concurrent.futures.ProcessPoolExecutor) -> list[Any]:
+    # (_processes: the executor has no public handle on its processes.)
+    return list((getattr(pool, "_processes", None) or {}).values())
 
 
 def _stop(pool: concurrent.futures.ProcessPoolExecutor) -> None:
     """Stop one pool: queued work cancelled, running work killed, its threads joined."""
-    # (_processes: the executor has no public handle on its processes.)
-    processes = list((getattr(pool, "_processes", None) or {}).values())
+    processes = _processes_of(pool)
     # shutdown(wait=False) forgets its manager thread at once, and a later shutdown(wait=True)
     # then joins nothing: the thread, which holds the queues, is joined here instead.
     manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     # An idle pool process exits on the shutdown sentinel; a busy one would first finish
-    # its query (up to seconds). Nothing it computes is needed any more: stop it now.
+    # its query (up to seconds). Nothing it computes is needed any more: stop it now (SIGKILL:
+    # a stopped process would leave a SIGTERM pending).
     for process in processes:
         if process.is_alive():
-            process.terminate()
+            process.kill()
     for process in processes:
         process.join(_STOP_SECONDS)
     if manager is not None:
         manager.join(_STOP_SECONDS)
 
 
-def _log_failure(done: concurrent.futures.Future[Any]) -> None:
+@dataclass(eq=False)
+class _Job:
+    """A computation submitted to a lane's pool: the worker's future for it, the pool's, and
+    since when it runs (first seen among the jobs its pool's processes run)."""
+
+    lane: str
+    what: str  # for the message when it is stuck
+    future: asyncio.Future[Any]
+    submitted: concurrent.futures.Future[Any]
+    pool: weakref.ref[concurrent.futures.ProcessPoolExecutor]
+    running_since: float | None = None
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, func: Callable[..., None], *args: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(func, *args)
+
+
+def _log_failure(done: asyncio.Future[Any]) -> None:
     if not done.cancelled() and (error := done.exception()) is not None:
         log.warning("the analytics pool's start-up job failed: %s", error)
 
 
 def stat_day(data_dir: Path, date: str) -> DayFile:
-    """The current version of ``data_dir/<date>.csv``; DayNotFound if there is none."""
+    """The current version of ``data_dir/<date>.csv``; DayNotFound if there is none,
+    tiny.aggregates.NotARegularFile if it is a FIFO, a device... (its rows are never read)."""
     path = layout.day_path(data_dir, date)
     try:
         st = path.stat()
     except FileNotFoundError:
         raise DayNotFound(date) from None
+    check_regular(path, st.st_mode)
     return DayFile(date, str(path), st.st_size, st.st_mtime_ns)
 
 
@@ -161,12 +198,17 @@ class Analytics:
         max_queued: int = limits.ANALYTICS_MAX_QUEUED,
         cache_bytes: int = limits.ANALYTICS_CACHE_BYTES,
         row_queries: int = limits.ANALYTICS_ROW_QUERIES,
+        job_seconds: float = JOB_SECONDS,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.processes = processes
         self.nice = nice
         self.max_queued = max_queued
         self.row_queries = row_queries
+        self.job_seconds = job_seconds
+        self._jobs: dict[str, list[_Job]] = {}  # lane -> its jobs not settled, in the order submitted
+        self._watch: asyncio.Task[None] | None = None
+        self._replaced: tuple[float, str] | None = None  # (when, why) a pool was last replaced as stuck
         self._pools: dict[str, concurrent.futures.ProcessPoolExecutor] = {}  # lane -> its pool
         self._closed = False
         self._cache = _Cache(cache_bytes)
@@ -201,21 +243,40 @@ class Analytics:
             raise WhaleNotFound(ip_id)
         return bytes(svg)
 
-    async def call(self, key: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
+    async def call(
+        self, key: tuple[Any, ...], func: Callable[..., Any], *args: Any, what: str = "an answer from the aggregates"
+    ) -> Any:
         """``func(*args)`` in the ANSWERS lane (once for all concurrent callers with the same
-        ``key``): the answers from the aggregates (tiny.live)."""
-        return await self._run(key, lambda result: None, func, *args, lane=ANSWERS)
+        ``key``): the answers from the aggregates (tiny.live). ``what`` names it in the message
+        if it is stuck."""
+        return await self._run(key, lambda result: None, func, *args, lane=ANSWERS, what=what)
+
+    def trouble(self) -> str | None:
+        """Why queries needing the pool wait or fail now or did lately (for /healthz), or None:
+        a job that has run for over half its deadline, or a pool replaced because a job was
+        stuck, for _TROUBLE_SECONDS after."""
+        now = time.monotonic()
+        for jobs in self._jobs.values():
+            for job in jobs:
+                if job.running_since is not None and now - job.running_since > self.job_seconds / 2:
+                    return (
+                        f"an analytics job ({job.what}) has run for {now - job.running_since:.0f} s "
+                        f"(it is killed at {self.job_seconds:.0f} s)"
+                    )
+        if self._replaced is not None and now - self._replaced[0] < _TROUBLE_SECONDS:
+            return f"{self._replaced[1]} ({now - self._replaced[0]:.0f} s ago)"
+        return None
 
     def start(self, warm: Callable[[], None]) -> None:
         """Start the ANSWERS lane's processes now, each running ``warm`` (its imports): the
         first query then neither waits for a process to start nor stalls the event loop while
         the pool is made (21-33 ms once). The ROWS lane starts on its first query (a new
         interpreter, 0.03-0.05 CPU-s: a server nobody asks for rows runs no process for them).
-        A failure is logged; the next query starts the pool again."""
+        A failure is logged; the next query starts the pool again. Call it on the event loop."""
         try:
             pool = self._executor(ANSWERS)
             for _ in range(self.processes):
-                pool.submit(warm).add_done_callback(_log_failure)
+                self._submit(pool, ANSWERS, "its start-up", warm).add_done_callback(_log_failure)
         except (Busy, BrokenProcessPool, RuntimeError) as exc:
             log.warning("the analytics pool (%s) did not start: %s", ANSWERS, exc)
 
@@ -227,6 +288,8 @@ class Analytics:
         exits (no "leaked semaphore" warning).
         """
         self._closed = True
+        if self._watch is not None:
+            self._watch.cancel()
         pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             _stop(pool)
@@ -236,7 +299,9 @@ class Analytics:
         gc.collect()
 
     def _executor(self, lane: str) -> concurrent.futures.ProcessPoolExecutor:
-        """The pool of ``lane``, created on first use (in the worker process that uses it)."""
+        """The pool of ``lane``, created on first use (in the worker process that uses it). Its
+        processes are spawned by the thread that submits to it, the event loop's, which lives
+        as long as the worker (tiny.analytics.compute.pool_init ties their lives to it)."""
         if self._closed:
             raise Busy("the server is shutting down")
         pool = self._pools.get(lane)
@@ -283,14 +348,21 @@ class Analytics:
             self._reading_rows[key] = reading  # until the computation settles (see _settle)
         try:
             store = functools.partial(self._cache.put, day, query)
-            return await self._run(key, lambda result: store(result, _size(result)), func, *args, lane=ROWS)
+            what = f"reading the rows of {Path(day.path).name}"
+            return await self._run(key, lambda result: store(result, _size(result)), func, *args, lane=ROWS, what=what)
         except Busy:
             if key not in self._pending:
                 self._reading_rows.pop(key, None)
             raise
 
     async def _run(
-        self, key: tuple[Any, ...], store: Callable[[Any], None], func: Callable[..., Any], *args: Any, lane: str
+        self,
+        key: tuple[Any, ...],
+        store: Callable[[Any], None],
+        func: Callable[..., Any],
+        *args: Any,
+        lane: str,
+        what: str,
     ) -> Any:
         """``func(*args)`` in the pool, once for all concurrent callers with the same ``key``;
         ``store`` gets the result as soon as it is there (even if every caller went away)."""
@@ -300,37 +372,89 @@ class Analytics:
                 raise Busy(f"{len(self._pending)} analytics queries are queued")
             pool = self._executor(lane)
             try:
-                future = asyncio.get_running_loop().run_in_executor(pool, func, *args)
+                future = self._submit(pool, lane, what, func, *args)
             except BrokenProcessPool:  # its process died since the last query
                 self._replace_broken(pool)
                 raise Busy("the analytics process died; it is being restarted") from None
+            del pool  # (see _submit)
             self._pending[key] = future
-            # Weak references only: neither this frame (suspended below) nor the callback of a
-            # future still pending when close() runs may keep the pool, and its queues'
-            # semaphores, alive past close() (a "leaked semaphore" at exit otherwise).
-            pool_ref = weakref.ref(pool)
-            del pool
-            future.add_done_callback(lambda done: self._settle(key, store, pool_ref, done))
+            future.add_done_callback(lambda done: self._settle(key, store, done))
         try:
             # shield: a client that goes away does not cancel a computation others may await
             return await asyncio.shield(future)
         except BrokenProcessPool:
             raise Busy("the analytics process died; it is being restarted") from None
 
-    def _settle(
-        self,
-        key: tuple[Any, ...],
-        store: Callable[[Any], None],
-        pool_ref: weakref.ref[concurrent.futures.ProcessPoolExecutor],
-        done: asyncio.Future[Any],
-    ) -> None:
+    def _submit(
+        self, pool: concurrent.futures.ProcessPoolExecutor, lane: str, what: str, func: Callable[..., Any], *args: Any
+    ) -> asyncio.Future[Any]:
+        """``func(*args)`` submitted to ``pool``, as a future of this loop that the pool's
+        result settles, or the watch (:meth:`_watch_jobs`) when the job is stuck."""
+        loop = asyncio.get_running_loop()
+        submitted = pool.submit(func, *args)
+        # A weak reference to the pool only: no job, and no callback of a job still pending
+        # when close() runs, may keep the pool, and its queues' semaphores, alive past close()
+        # (a "leaked semaphore" at exit otherwise).
+        job = _Job(lane, what, loop.create_future(), submitted, weakref.ref(pool))
+        self._jobs.setdefault(lane, []).append(job)
+        submitted.add_done_callback(lambda done: _call_soon(loop, self._finish, job))
+        if self._watch is None or self._watch.done():
+            self._watch = loop.create_task(self._watch_jobs())
+        return job.future
+
+    def _finish(self, job: _Job) -> None:
+        """The pool settled ``job``: its result (or error) to the worker's future, unless the
+        watch settled that already."""
+        with contextlib.suppress(ValueError):
+            self._jobs.get(job.lane, []).remove(job)
+        submitted = job.submitted
+        error = None if submitted.cancelled() else submitted.exception()
+        if isinstance(error, BrokenProcessPool) and (pool := job.pool()) is not None:
+            self._replace_broken(pool)
+        if job.future.done():
+            return
+        if submitted.cancelled():
+            job.future.cancel()
+        elif error is not None:
+            job.future.set_exception(error)
+        else:
+            job.future.set_result(submitted.result())
+
+    async def _watch_jobs(self) -> None:
+        """While jobs are pending: which of them each pool runs (its first ``processes`` jobs
+        marked running, in the order submitted: its processes take them in that order), since
+        when; a job past ``job_seconds`` is stuck (:meth:`_kill`)."""
+        while any(self._jobs.values()):
+            await asyncio.sleep(_WATCH_SECONDS)
+            now = time.monotonic()
+            for lane, jobs in list(self._jobs.items()):
+                running = [job for job in jobs if job.submitted.running()][: self.processes]
+                for job in running:
+                    if job.running_since is None:
+                        job.running_since = now
+                stuck = next((job for job in running if now - (job.running_since or now) > self.job_seconds), None)
+                if stuck is not None:
+                    self._kill(lane, f"an analytics job ({stuck.what}) ran past its {self.job_seconds:.0f} s deadline")
+
+    def _kill(self, lane: str, cause: str) -> None:
+        """Kill the pool of ``lane`` (SIGKILL: a stopped process dies of it too) and answer every
+        query waiting on it Busy, saying ``cause``; the next query starts a new pool."""
+        log.error("%s: the analytics process (%s) is killed and a new one starts with the next query", cause, lane)
+        pool = self._pools.pop(lane, None)
+        if pool is not None:
+            for process in _processes_of(pool):
+                with contextlib.suppress(OSError, ValueError):
+                    process.kill()
+            pool.shutdown(wait=False, cancel_futures=True)  # its manager thread joins the processes
+        self._replaced = (time.monotonic(), f"{cause}: its process was killed and replaced")
+        for job in self._jobs.pop(lane, []):
+            if not job.future.done():
+                job.future.set_exception(Busy(f"{cause}: its process was killed, a new one starts"))
+
+    def _settle(self, key: tuple[Any, ...], store: Callable[[Any], None], done: asyncio.Future[Any]) -> None:
         self._pending.pop(key, None)
         self._reading_rows.pop(key, None)
         if done.cancelled():
             return
-        error = done.exception()
-        if isinstance(error, BrokenProcessPool):
-            if (pool := pool_ref()) is not None:
-                self._replace_broken(pool)
-        elif error is None:
+        if done.exception() is None:
             store(done.result())

@@ -15,16 +15,17 @@ from collections import OrderedDict
 from typing import Any
 
 from tiny import codec, layout
-from tiny.aggregates import IP_OFFSET, Aggregates, join_bytes
+from tiny.aggregates import IP_OFFSET, Aggregates, join_bytes, open_regular
 from tiny.analytics import charts
 from tiny.analytics.names import whale_name
 
 HOURS = 24
 _TAIL = 256
 _COUNTED = 4096  # day files whose line count a pool process remembers
-_counted: dict[str, tuple[int, int, bytes]] = {}  # path -> (bytes counted, LFs in them, their last _TAIL bytes)
-_AGGREGATES = 64  # day aggregates a pool process keeps, per (day, file, bytes counted)
-_aggregates: OrderedDict[tuple[str, int, int], tuple[int, dict[str, Any]]] = OrderedDict()
+# path -> (its inode, bytes counted, LFs in them, their last _TAIL bytes)
+_counted: dict[str, tuple[int, int, int, bytes]] = {}
+_AGGREGATES = 64  # day aggregates a pool process keeps, per version of the day in the store
+_aggregates: OrderedDict[tuple[Any, ...], tuple[int, dict[str, Any]]] = OrderedDict()
 UNFOLDED = frozenset(("days",))  # queries answered without folding first
 
 
@@ -90,8 +91,10 @@ def days(store: Aggregates, dates: list[str], sizes: dict[str, int]) -> list[dic
     The rows are counted from the file, not the aggregates: listing the days must not fold
     the day being written (a fold costs ~100x a count of its lines). The count is
     incremental: a file that grew since the last count in this process is counted from where
-    that count stopped, if the bytes just before that point are still the same (a flush the
-    sink cut back and rewrote differently gets a full recount)."""
+    that count stopped, if it is the same file (inode) and the bytes just before that point
+    are still the same (a flush the sink cut back and rewrote differently, a file replaced,
+    gets a full recount). A day file that is not a regular file is refused
+    (tiny.aggregates.NotARegularFile), never opened for reading."""
     listed = []
     for day in dates:
         path = layout.day_path(store.data_dir, day)
@@ -107,28 +110,30 @@ def count_rows(path: str, size: int) -> int:
     """Rows (complete lines after the header) among the first ``size`` bytes of a day file."""
     known = _counted.pop(path, None)
     start, lines, tail = 0, 0, b""
-    with open(path, "rb") as handle:
-        if known is not None and known[0] <= size:
-            handle.seek(known[0] - len(known[2]))
-            if handle.read(len(known[2])) == known[2]:
-                start, lines, tail = known
+    fd = open_regular(path)
+    try:
+        inode = os.fstat(fd).st_ino
+        if known is not None and known[0] == inode and known[1] <= size:
+            if os.pread(fd, len(known[3]), known[1] - len(known[3])) == known[3]:
+                start, lines, tail = known[1:]
         if codec.CODEC == "rust":  # pread and a vectorised count, the GIL released: 10x less CPU
             from tiny import _codec
 
-            more, read, last = _codec.count_lines(handle.fileno(), start, size, _TAIL)
+            more, read, last = _codec.count_lines(fd, start, size, _TAIL)
             lines, end = lines + more, start + read
             tail = (tail + last)[-_TAIL:]
         else:
-            handle.seek(start)
             end = start
             while end < size:
-                chunk = handle.read(min(size - end, 1 << 20))
+                chunk = os.pread(fd, min(size - end, 1 << 20), end)
                 if not chunk:
                     break
                 lines += chunk.count(b"\n")
                 end += len(chunk)
                 tail = (tail + chunk)[-_TAIL:]
-    _counted[path] = (end, lines, tail)
+    finally:
+        os.close(fd)
+    _counted[path] = (inode, end, lines, tail)
     while len(_counted) > _COUNTED:
         del _counted[next(iter(_counted))]
     return max(lines - 1, 0)
@@ -139,19 +144,20 @@ def day_aggregate(store: Aggregates, day: str, top: int) -> dict[str, Any] | Non
     downloads first, ties by smaller ip_id; country: the most frequent non-missing one, ties
     alphabetical, None if it never had one); None when the day has no file.
 
-    Kept per version of the day in the store (its file's inode and the bytes counted, which
-    every fold that changes the day's counts moves): one computation serves every ``top`` up
-    to the one it was made for (the whales are a prefix), and the summary, whales, hourly and
-    chart queries of a dashboard visit ask for the same one."""
+    Kept per version of the day in the store (the store's generation, which a rebuild raises,
+    and the file counted and how far, which every fold that changes the day's counts moves):
+    one computation serves every ``top`` up to the one it was made for (the whales are a
+    prefix), and the summary, whales, hourly and chart queries of a dashboard visit ask for
+    the same one."""
     db = store.db
     own = not db.in_transaction
     if own:
         db.execute("BEGIN")  # one snapshot: a fold by another process between two reads is not half seen
     try:
-        version = db.execute("SELECT inode, consumed FROM files WHERE day = ?", (day,)).fetchone()
+        version = db.execute("SELECT inode, head, tail, consumed, rows FROM files WHERE day = ?", (day,)).fetchone()
         if version is None:
             return None
-        key = (day, *version)
+        key = (day, store.generation(), *version)
         cached = _aggregates.get(key)
         if cached is not None and cached[0] >= top:
             _aggregates.move_to_end(key)
