@@ -241,7 +241,7 @@ def test_make_test_installs_what_the_readme_lists() -> None:
 _DATED = re.compile(r"\b(?:sessions? \d+|issue \d+|rounds? \d+ of work)\b", re.IGNORECASE)
 
 
-@pytest.mark.parametrize("document", [README], ids=lambda path: path.name)
+@pytest.mark.parametrize("document", [README, BENCHMARKS], ids=lambda path: path.name)
 def test_the_user_documents_are_not_dated_by_rounds_of_work(document: Path) -> None:
     """What holds and why, not when: git keeps the history of sessions and issues."""
     assert not _DATED.findall(document.read_text())
