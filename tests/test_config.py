@@ -284,3 +284,22 @@ def test_a_cgroup_cpu_max_that_is_no_quota_leaves_the_affinity(tmp_path: Path, c
     """(A period of 0 stopped the start with ZeroDivisionError.)"""
     (tmp_path / "cpu.max").write_text(content)
     assert config.usable_cpus(tmp_path / "cpu.max") == config.usable_cpus(tmp_path / "absent")
+
+
+@pytest.mark.hardening("third 6: nan was accepted by every seconds flag and its TINY_* variable")
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "1e309", "0", "ten"])
+def test_the_other_commands_seconds_refuse_nan_and_nonsense(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """tiny-admin's --lock-timeout and tiny-replay's --timeout take the server's check of seconds:
+    a nan lock timeout waited forever beside a held lock, and a nan socket timeout crashed."""
+    from tiny import admin, replay
+
+    for command, argv in (
+        (admin.main, ["backup", "data", "dest", "--lock-timeout", value]),
+        (admin.main, ["rebuild-aggregates", "data", "--lock-timeout", value]),
+        (admin.main, ["forget", "data", "x.csv", "--lock-timeout", value]),
+        (replay.parse_args, ["day.csv", "--timeout", value]),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            command(argv)
+        assert exited.value.code == 2, argv
+        assert "must be a number of seconds" in capsys.readouterr().err, argv

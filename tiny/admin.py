@@ -60,6 +60,7 @@ from tiny.aggregates import Aggregates, Unavailable, aggregates_path
 from tiny.commit import CommitError, Refused
 from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
+from tiny.config import seconds
 from tiny.files import size_of
 from tiny.keys import MODES, stored_mode
 
@@ -261,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     copy = commands.add_parser("backup", help="a consistent copy of a data dir, also while servers write to it")
     copy.add_argument("data_dir", type=Path)
     copy.add_argument("dest", type=Path, help="a new directory")
-    copy.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for the flush lock (30)")
+    copy.add_argument("--lock-timeout", type=seconds, default=30.0, help="seconds to wait for the flush lock (30)")
     change = commands.add_parser("set-journal-mode", help="change the journal mode (stop every server first)")
     change.add_argument("data_dir", type=Path)
     change.add_argument("mode", choices=MODES)
@@ -269,14 +270,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rebuild-aggregates", help="count the downloads API's aggregates again from the day files"
     )
     rebuild.add_argument("data_dir", type=Path)
-    rebuild.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for the flush lock (30)")
+    rebuild.add_argument("--lock-timeout", type=seconds, default=30.0, help="seconds to wait for the flush lock (30)")
     gone = commands.add_parser(
         "forget", help="accept, knowingly, data files deleted or cut on purpose (every key is kept)"
     )
     gone.add_argument("data_dir", type=Path)
     gone.add_argument("files", nargs="+", help="day or rejects files, relative to DATA_DIR or paths inside it")
     gone.add_argument("--remove", action="store_true", help="remove the files that are there, too")
-    gone.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for the flush lock (30)")
+    gone.add_argument("--lock-timeout", type=seconds, default=30.0, help="seconds to wait for the flush lock (30)")
     args = parser.parse_args(argv)
     try:
         if args.command == "backup":

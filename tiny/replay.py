@@ -61,6 +61,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from tiny.config import seconds
 from tiny.replay_batches import Batch, MalformedRow, file_lines, numbered_batches
 
 _MAX_RETRY_AFTER = 60.0  # seconds; a longer Retry-After is capped
@@ -382,7 +383,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, argparse.Nam
     )
     parser.add_argument("--gzip", action="store_true", help="send gzip-compressed bodies")
     parser.add_argument("--retries", type=int, default=Options.retries, help="per batch (default %(default)s)")
-    parser.add_argument("--timeout", type=float, default=Options.timeout, help="socket timeout, seconds")
+    parser.add_argument("--timeout", type=seconds, default=Options.timeout, help="socket timeout, seconds")
     parser.add_argument(
         "--no-resend",
         action="store_true",

@@ -20,7 +20,8 @@ from bench.harness.drivers import ab_command, parse_ab, parse_post_load, post_lo
 from bench.harness.plans import Arm, Config
 from bench.harness.proc import CpuSnapshot, key_store, loadavg, process_tree, tree_rss_kb
 from bench.harness.services import Service
-from tiny.layout import IDENTITY_FILE, STATE_DIR
+from tiny.admin import forget
+from tiny.layout import IDENTITY_FILE, STATE_DIR, is_data_file
 
 
 @dataclass(frozen=True)
@@ -217,16 +218,24 @@ def print_point(point: dict[str, Any]) -> None:
 
 def clear_dir(path: Path) -> None:
     """Remove the files under ``path`` (the day files a point wrote), keeping the directories, the
-    journal (``.tiny/``) and the data dir's identity (``.tiny-id``), without which the server
-    refuses every write."""
+    journal (``.tiny/``) and the data dir's identity (``.tiny-id``). A Tiny data dir's day and
+    rejects files go through ``tiny-admin forget --remove`` (under the running server's flush
+    lock): removed behind the journal's back, the next write would be refused as data loss."""
+    data_files: list[str] = []
     for root, dirs, files in os.walk(path):
         if STATE_DIR in dirs:  # the journal and its keys, open in the server: they grow as in real use
             dirs.remove(STATE_DIR)
         for name in files:
+            relative = os.path.relpath(os.path.join(root, name), path)
             if name == IDENTITY_FILE and root == str(path):
+                continue
+            if (path / STATE_DIR).is_dir() and is_data_file(relative):
+                data_files.append(relative)
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(root, name))
+    if data_files:
+        forget(path, data_files, remove=True)
 
 
 @contextlib.contextmanager
