@@ -128,17 +128,16 @@ def server_args(step: Step) -> list[str]:
 
 
 def copy_checkout(root: Path, dest: Path) -> None:
-    """The repository's files (tracked and not ignored, as they are in the work tree) into ``dest``,
-    with the codec built in ``root`` (tiny/_codec*.so, which ``make run`` builds in place)."""
+    """What a clone of ``root`` holds once `make run` has built it, into ``dest``: the files git
+    tracks, as they are in the work tree (so uncommitted edits count, and files a reader's own run
+    left there, `token` or `batch.ndjson`, do not), and the codec built in ``root``
+    (tiny/_codec*.so, which `make run` builds in place)."""
     listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=root,
-        capture_output=True,
-        check=True,
+        ["git", "ls-files", "-z", "--cached"], cwd=root, capture_output=True, check=True
     ).stdout.decode()
     for name in filter(None, listed.split("\0")):
         source = root / name
-        if name == ".venv" or not source.is_file():  # a worktree's .venv link; a file deleted, not yet committed
+        if not source.is_file():  # deleted in the work tree, not yet committed
             continue
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, dest / name)

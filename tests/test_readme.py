@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -89,8 +91,13 @@ def _shell_env(bin_dir: Path, page: Path) -> dict[str, str]:
     """Our environment without TINY_* settings, with the `curl` and `xdg-open` of the module's docstring."""
     assert CURL is not None
     bin_dir.mkdir()
-    (bin_dir / "curl").write_text(f'#!/bin/sh\nexec {CURL} --fail-with-body "$@"\n')
-    (bin_dir / "xdg-open").write_text(f'#!/bin/sh\nexec {CURL} --fail-with-body -sS -o {page} "$1"\n')
+    # --fail-with-body (curl 7.76) prints the error's JSON too; an older curl fails without it
+    with_body = subprocess.run([CURL, "--fail-with-body", "--version"], capture_output=True).returncode == 0
+    fail = "--fail-with-body" if with_body else "--fail"
+    (bin_dir / "curl").write_text(f'#!/bin/sh\nexec {shlex.quote(CURL)} {fail} "$@"\n')
+    (bin_dir / "xdg-open").write_text(
+        f'#!/bin/sh\nexec {shlex.quote(CURL)} {fail} -sS -o {shlex.quote(str(page))} "$1"\n'
+    )
     for tool in ("curl", "xdg-open"):
         (bin_dir / tool).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TINY_")}
