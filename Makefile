@@ -34,8 +34,13 @@ $(VENV)/.codec: $(BIN)/.installed $(CODEC_SOURCES)
 
 codec: $(VENV)/.codec ## build the compiled codec (Rust/PyO3, needs cargo) into tiny/ (tiny._codec)
 
-run: venv codec ## serve on 127.0.0.1:8000 (data in ./data); pass flags as ARGS="--processes 2"
-	$(BIN)/python app.py $(ARGS)
+# The server says why it stopped; on a first run that is most often a port another server (a
+# `make run` in another shell) listens on, so the hint says how to get past it.
+RUN_FAILED := make run: the server stopped; its last lines say why. "address already in use": another server \
+  listens on that port (a make run in another shell?): stop it, or pass another port, make run ARGS="--port 8001"
+run: venv codec ## serve on 127.0.0.1:8000 (data in ./data) until Ctrl-C; pass flags as ARGS="--port 8001 --processes 2"
+	$(info $(BIN)/python app.py $(ARGS))
+	@$(BIN)/python app.py $(ARGS) || { status=$$?; echo '$(RUN_FAILED)' >&2; exit $$status; }
 
 sysdeps: ## install nginx, ab, supervisord, chromium (the dashboard test), R (the cranlogs client's test), strace, and PostgreSQL 15, Patroni and etcd (the cluster tests; their services disabled) when missing (apt-get)
 	@command -v nginx >/dev/null && command -v ab >/dev/null && command -v supervisord >/dev/null && \

@@ -4,10 +4,13 @@ Usage:
     python bench/report.py [--results bench/results/results.json] [--out bench/results/tables.md]
                            [--all-points]
 
-Prints the markdown (and writes it to ``--out``): the machine and load, the headline ratios
-against their targets (from the interleaved experiments of bench/run.py: medians over the
-rounds, with each round's ratio), the lean path's tables at every body size (experiments lean
-and lean-keys: against the seed and the floor, a key's cost, nginx's), then the sweep:
+Prints the markdown (and writes it to ``--out``). It opens as BENCHMARKS.md's "Current results"
+does, with the same headings, so that its tables 1-3 can replace those: the machine and load,
+then, each with the commit and date of the run that measured it, (1) the lean path at every
+body size against the seed and the floor (experiment lean), (2) a fresh key's cost and nginx's
+in front (lean-keys), (3) the headline ratios against their targets (key, scale, nginx,
+latency, and python and keys when run): medians over the rounds of interleaved experiments,
+with each round's ratio. Then the details: the server cost of those runs, and the sweep:
 records/s by concurrency with the ratio to the seed-style 1-process server at the same
 concurrency, keep-alive and records per body; the c=8 and c=16 points in full (ratio to the
 HTTP floor with as many processes, p50/p99, CPU-seconds per million records, the busiest
@@ -68,7 +71,11 @@ class Results:
 
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
-        self.points: list[Point] = [p for p in data["points"] if p.get("complete")]
+        complete = [p for p in data["points"] if p.get("complete")]
+        # A point with failed or non-2xx requests measured something else than ingest (ab's
+        # requests/s counts them): it is left out of every table and named at the top.
+        self.failed: list[Point] = [p for p in complete if p.get("failed") or p.get("non2xx")]
+        self.points: list[Point] = [p for p in complete if not (p.get("failed") or p.get("non2xx"))]
         self.cores = data.get("cores", 2)
         self.configs: dict[str, Any] = data.get("configs", {})
 
@@ -133,14 +140,14 @@ def headlines(results: Results) -> str:
     rows: list[list[str]] = []
 
     def add(what: str, target: str, cmp: dict[str, Any] | None, ok: Any, cost: bool = False) -> None:
-        if cmp is None:
-            rows.append([what, target, "not measured", "", "n/a"])
+        if cmp is None:  # that experiment was not run
             return
         rounds = ", ".join(f"{r:.2f}" for r in cmp["rounds"])
+        times = fmt(cmp["ratio"], 2, "x")  # "-" where an arm measured nothing (every request failed)
         if cost:
-            shown = f"{cmp['ratio']:.2f}x ({fmt(cmp['a'], 2)} vs {fmt(cmp['b'], 2)} CPU-s per M records)"
+            shown = f"{times} ({fmt(cmp['a'], 2)} vs {fmt(cmp['b'], 2)} CPU-s per M records)"
         else:
-            shown = f"{cmp['ratio']:.2f}x ({fmt_rate(cmp['a'])} vs {fmt_rate(cmp['b'])} records/s)"
+            shown = f"{times} ({fmt_rate(cmp['a'])} vs {fmt_rate(cmp['b'])} records/s)"
         rows.append([what, target, shown, rounds, _verdict(ok(cmp["ratio"]) if cmp["ratio"] else None)])
 
     add(
@@ -202,6 +209,8 @@ def headlines(results: Results) -> str:
         ("scale", "tiny-1", " -k"),
     ):
         points = _rounds(results, experiment, config)
+        if not points:
+            continue
         p99 = median(p["p99_ms"] for p in points)
         each = ", ".join(fmt(p["p99_ms"]) for p in points)
         rows.append(
@@ -444,99 +453,118 @@ def _us(points: list[Point]) -> str:
     return "-" if value is None else (f"{value:.3g}" if value < 10 else f"{value:.0f}")
 
 
-def lean_tables(results: Results) -> str | None:
-    """The issue "Speed: the lean ingest path"'s tables from the ``lean`` and ``lean-keys``
-    experiments: tiny-1 against seed-1 and floor-1 at every body size (requests/s, round by
-    round, medians, CPU per record), then a fresh key's cost and nginx's in front."""
-    parts: list[str] = []
+def lean_table(results: Results) -> str | None:
+    """Table 1, from the ``lean`` experiment: tiny-1 against seed-1 and floor-1 at every body
+    size (requests/s, round by round, medians, CPU per record)."""
     bodies = list(dict.fromkeys(p["body"] for p in results.select("lean")))
-    if bodies:
-        rows = []
-        for body in bodies:
-            cpu = (_us(results.select("lean", config=c, body=body)) for c in ("seed-1", "floor-1", "tiny-1"))
-            rows.append(
-                [
-                    f"{int(body):,}" if body.isdigit() else body,
-                    _cell(paired(results, "lean", "tiny-1", "seed-1", "rps", body=body)),
-                    f"{_LEAN_SEED_TARGET.get(body, 1.2):g}",
-                    _cell(paired(results, "lean", "tiny-1", "floor-1", "rps", body=body)),
-                    f"{_LEAN_FLOOR_TARGET[body]:g}" if body in _LEAN_FLOOR_TARGET else "-",
-                    ", ".join(cpu),
-                ]
-            )
-        parts.append(
-            table(
-                [
-                    "body",
-                    "tiny-1 / seed-1 req/s (per round; median)",
-                    "target",
-                    "tiny-1 / floor-1 (per round; median)",
-                    "target",
-                    "CPU per record: seed, floor, tiny (µs)",
-                ],
-                rows,
-                "rlrlrl",
-            )
+    if not bodies:
+        return None
+    rows = []
+    for body in bodies:
+        cpu = (_us(results.select("lean", config=c, body=body)) for c in ("seed-1", "floor-1", "tiny-1"))
+        rows.append(
+            [
+                f"{int(body):,}" if body.isdigit() else body,
+                _cell(paired(results, "lean", "tiny-1", "seed-1", "rps", body=body)),
+                f"{_LEAN_SEED_TARGET.get(body, 1.2):g}",
+                _cell(paired(results, "lean", "tiny-1", "floor-1", "rps", body=body)),
+                f"{_LEAN_FLOOR_TARGET[body]:g}" if body in _LEAN_FLOOR_TARGET else "-",
+                ", ".join(cpu),
+            ]
         )
+    return table(
+        [
+            "body",
+            "tiny-1 / seed-1 req/s (per round; median)",
+            "target",
+            "tiny-1 / floor-1 (per round; median)",
+            "target",
+            "CPU per record: seed, floor, tiny (µs)",
+        ],
+        rows,
+        "rlrlrl",
+    )
+
+
+def keys_table(results: Results) -> str | None:
+    """Table 2, from the ``lean-keys`` experiment: a fresh key's cost at every body size, then
+    nginx's in front of a keyed tiny-1."""
     keyed = [p["body"] for p in results.select("lean-keys") if p["config"].startswith("tiny-1-keys-")]
-    if keyed:
-        rows = []
-        for body in dict.fromkeys(keyed):
-            cost = paired(
-                results, "lean-keys", f"tiny-1-keys-{body}", f"tiny-1-post-{body}", "cpu_s_per_million", body=body
-            )
-            if cost is None:
-                continue
-            target = _KEY_TARGET.get(body)
-            rows.append(
-                [
-                    f"a fresh key per request, {int(body):,}-record bodies",
-                    _us(cost["b_points"]),
-                    _us(cost["a_points"]),
-                    _cell(cost),
-                    f"{target:g}" if target else "-",
-                ]
-            )
-        nginx = paired(results, "lean-keys", "nginx-1-1600", "tiny-1-keys-1600", "cpu_s_per_million", body="1600")
-        if nginx is not None:
-            rows.append(
-                [
-                    "nginx in front of a keyed tiny-1 (its own keys), 1,600",
-                    _us(nginx["b_points"]),
-                    _us(nginx["a_points"]),
-                    _cell(nginx),
-                    "1.1",
-                ]
-            )
-        parts.append(
-            table(
-                [
-                    "what it costs",
-                    "without (µs per record)",
-                    "with",
-                    "with / without, CPU per record (per round; median)",
-                    "target",
-                ],
-                rows,
-                "lrrlr",
-            )
+    rows = []
+    for body in dict.fromkeys(keyed):
+        cost = paired(
+            results, "lean-keys", f"tiny-1-keys-{body}", f"tiny-1-post-{body}", "cpu_s_per_million", body=body
         )
-    return "\n\n".join(parts) if parts else None
+        if cost is None:
+            continue
+        target = _KEY_TARGET.get(body)
+        rows.append(
+            [
+                f"a fresh key per request, {int(body):,}-record bodies",
+                _us(cost["b_points"]),
+                _us(cost["a_points"]),
+                _cell(cost),
+                f"{target:g}" if target else "-",
+            ]
+        )
+    nginx = paired(results, "lean-keys", "nginx-1-1600", "tiny-1-keys-1600", "cpu_s_per_million", body="1600")
+    if nginx is not None:
+        rows.append(
+            [
+                "nginx in front of a keyed tiny-1 (its own keys), 1,600",
+                _us(nginx["b_points"]),
+                _us(nginx["a_points"]),
+                _cell(nginx),
+                "1.1",
+            ]
+        )
+    if not rows:
+        return None
+    return table(
+        [
+            "what it costs",
+            "without (µs per record)",
+            "with",
+            "with / without, CPU per record (per round; median)",
+            "target",
+        ],
+        rows,
+        "lrrlr",
+    )
+
+
+def measured_by(results: Results, experiments: Sequence[str]) -> str:
+    """The commit and date of the run that last measured any of ``experiments`` (a merged run
+    that redid one of them, else the first run)."""
+    machine = results.data.get("machine", {})
+    for run in results.data.get("merged_runs", []):
+        if any(experiment in experiments for experiment, _config in run.get("redone", [])):
+            machine = run.get("machine", {})
+    return f"Measured on {machine.get('git_commit')}, {machine.get('date')}."
+
+
+# BENCHMARKS.md's "Current results" that this report makes: heading, experiments, table.
+QUESTIONS = (
+    ("1. Ingest against the seed's approach and Tornado's floor, at every body size", ("lean",), lean_table),
+    ("2. What a fresh Idempotency-Key and nginx in front cost", ("lean-keys",), keys_table),
+    (
+        "3. Two processes, nginx over two instances, and the p99",
+        ("key", "scale", "nginx", "latency", "python", "keys"),
+        headlines,
+    ),
+)
 
 
 def render(results: Results, all_points: bool = False) -> str:
     """The whole markdown report."""
-    parts = [
-        "## Machine",
-        machine(results),
-        "## Headline ratios",
-        headlines(results),
-        "### Server cost of the headline runs",
-        cost_of_headlines(results),
-    ]
-    lean = lean_tables(results)
-    if lean:
-        parts += ["## The lean path at every body size (experiments lean and lean-keys)", lean]
+    parts = ["## Current results", machine(results)]
+    if results.failed:
+        named = ", ".join(f"{p['experiment']}/{p['config']}/{p['body']} c={p['concurrency']}" for p in results.failed)
+        parts.append(f"**Left out: {len(results.failed)} points with failed or non-2xx requests** ({named}).")
+    for title, experiments, make in QUESTIONS:
+        if any(results.select(experiment) for experiment in experiments):
+            parts += [f"### {title}", measured_by(results, experiments), make(results) or "(no complete points)"]
+    parts += ["## Details", "### Server cost of the interleaved runs", cost_of_headlines(results)]
     bodies = list(dict.fromkeys(p["body"] for p in results.select("sweep")))
     for body in bodies:
         for keepalive in (True, False):
@@ -544,22 +572,22 @@ def render(results: Results, all_points: bool = False) -> str:
             if rendered:
                 records = next(p["records_per_body"] for p in results.select("sweep", body=body))
                 parts += [
-                    f"## records/s by concurrency: body {body} ({records:,} records), "
+                    f"### records/s by concurrency: body {body} ({records:,} records), "
                     f"{'ab -k' if keepalive else 'no keep-alive'} (x seed-1 at the same point)",
                     rendered,
                 ]
     for c in (8, 16):
         if results.select("sweep", concurrency=c):
-            parts += [f"## Every sweep point at c={c}", details(results, c)]
+            parts += [f"### Every sweep point at c={c}", details(results, c)]
     if results.select("sweep"):
         parts += [
-            "## CPU-seconds per million records (all sweep points of a configuration and body)",
+            "### CPU-seconds per million records (all sweep points of a configuration and body)",
             cost_table(results),
         ]
     stores = results.data.get("key_stores") or {}
     if stores:
         parts += [
-            "## The key store after the keys experiment (journal on disk, server memory)",
+            "### The key store after the keys experiment (journal on disk, server memory)",
             table(
                 ["arm", "keys held", "database bytes", "bytes per key", ".tiny/ files on disk", "server RSS"],
                 (
@@ -578,10 +606,10 @@ def render(results: Results, all_points: bool = False) -> str:
         ]
     sink = sink_table(results.data.get("sink"))
     if sink:
-        parts += ["## Sink: blocking vs aiofiles vs thread pool (bench/sink_bench.py)", sink]
+        parts += ["### Sink: blocking vs aiofiles vs thread pool (bench/sink_bench.py)", sink]
     if all_points:
         parts += [
-            "## All points",
+            "### All points",
             table(
                 ["experiment", "round", *_DETAIL_HEADER, "ab command"],
                 (
