@@ -104,9 +104,11 @@ class FollowerStatus:
         _LIFE.pack_into(self._map, _LIFE_AT, time.monotonic(), busy_since)
 
     def reset(self) -> None:
-        """A follower is being started: its beat counts from now; its progress is not known."""
+        """A follower is being started: its beat counts from now. Its progress stays what the
+        last one published: the files hold that position whatever became of its process (a
+        crash can cut back only a flush that was not committed, whose position was never
+        published)."""
         _LIFE.pack_into(self._map, _LIFE_AT, time.monotonic(), 0.0)
-        self._write(-1, self.progress().head, 0.0, "", 0.0)
 
     # -- the readers' side ------------------------------------------------------------------
 

@@ -239,14 +239,17 @@ class CommitLog:
             self._rollback(session)
             raise NotCommitted(f"the primary refused the flush: {exc}", t.retry_after) from exc
         try:
-            results = session.run(self._writes(plan, flush_id), seconds=t.commit)  # COMMIT's bound covers them
+            statements = self._writes(plan, flush_id)
+            results = session.run(statements, seconds=t.commit)  # COMMIT's bound covers them
         except Lost as exc:
             self._drop()
             return self._settle(plan, flush_id, session, f"COMMIT got no answer ({exc})")
         except psycopg.Error as exc:  # a statement refused: those after it, COMMIT included, did not run
             self._rollback(session)
             raise NotCommitted(f"the primary refused the flush: {exc}", t.retry_after) from exc
-        [(position, synchronous)] = results[-3 if plan.files else -2]
+        [(position, synchronous)] = next(
+            rows for (sql, _), rows in zip(statements, results, strict=True) if sql in (_POSITION, _REPLAY_ONLY)
+        )
         warned = [w for w in session.warnings if _SYNC_WARNING in w]
         if warned or not synchronous or not session.usable:
             why = warned or ("no synchronous standby named" if not synchronous else "and the connection closed")
