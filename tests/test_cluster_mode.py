@@ -1,7 +1,7 @@
 """Cluster mode with real servers: two or three hosts (servers with their own data dirs) on one PostgreSQL cluster.
 
-One cluster (etcd and three PostgreSQL nodes under Patroni, tiny.testing_pg) for the module, a
-fresh database (so a fresh log) per test. Each host is `python app.py --cluster DSN` with its
+One cluster (etcd and three PostgreSQL nodes under Patroni, tiny.testing_pg; the session's
+``pg_cluster``), a fresh database (so a fresh log) per test. Each host is `python app.py --cluster DSN` with its
 own data dir on 127.0.0.1; the password reaches it through a passfile, as --cluster wants.
 """
 
@@ -37,10 +37,9 @@ pytestmark = [pytest.mark.slow, NEEDS_CLUSTER, pytest.mark.timeout(300)]
 _FOLLOWER = re.compile(r"tiny\.follower\[(\d+)\] follower \S+ of ")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgCluster]:
-    with PgCluster(tmp_path_factory.mktemp("pg")) as running:
-        yield running
+@pytest.fixture
+def cluster(pg_cluster: PgCluster) -> PgCluster:
+    return pg_cluster
 
 
 @pytest.fixture
@@ -438,7 +437,9 @@ def test_kill_9_of_the_primary_under_keyed_load_loses_nothing_doubles_nothing_an
         thread.start()
     rounds = max(1, round(SCALE))
     gaps = []
-    for _ in range(rounds):
+    for round_ in range(rounds):
+        if round_:
+            cluster.wait_healthy(60)  # the last victim back as a standby: one node down at a time
         time.sleep(3.0)
         acked = len(load.acks)
         victim = cluster.wait_primary(30)
@@ -449,8 +450,7 @@ def test_kill_9_of_the_primary_under_keyed_load_loses_nothing_doubles_nothing_an
         time.sleep(1.0)
         gaps.append(load.gap_after(killed, time.monotonic() - killed))
         assert acked > 0 and not load.crashes
-        cluster.restart(victim)
-        cluster.wait_healthy(60)
+        cluster.restart(victim)  # it rejoins (pg_rewind) as a standby; the next user waits for it
     load.stop.set()
     for thread in threads:
         thread.join(120)
