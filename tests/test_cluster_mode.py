@@ -7,6 +7,7 @@ own data dir on 127.0.0.1; the password reaches it through a passfile, as --clus
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -285,6 +286,37 @@ def test_a_follower_killed_between_its_append_and_its_position_doubles_nothing(h
     assert "recovered from an unfinished flush" in b.log()  # its appended bytes were cut back
     assert data_files(b) == data_files(a)
     assert_exactly_once(b.data_dir, bodies)
+
+
+def test_a_stopped_follower_never_holds_up_ingest_and_fails_healthz_until_it_goes_on(
+    hosts: Callable[..., Server],
+) -> None:
+    a = hosts("h1")
+    stopped = follower_pid(a)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        answer = ingest(a, body_of(1), "k1")
+        assert answer.status == 200 and time.monotonic() - began < 2.0  # the commit point is PostgreSQL
+        eventually(lambda: "the follower is not running" in str(health(a).get("reason")), 10)
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    wait_applied(1, a)
+    assert health(a)["status"] == "ok" and follower_pid(a) == stopped
+
+
+def test_a_follower_stopped_past_the_stall_timeout_is_replaced(hosts: Callable[..., Server]) -> None:
+    a = hosts("h1", "--stall-timeout", "1")
+    stopped = follower_pid(a)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        eventually(lambda: follower_pid(a) != stopped, 20)  # the parent killed it, a new one took over
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped, signal.SIGCONT)
+    assert f"the follower (pid {stopped}) stalled: it has not run for" in a.log()
+    ingest(a, body_of(1), "k1")
+    wait_applied(1, a)
 
 
 def test_a_wiped_host_catches_up_by_itself(hosts: Callable[..., Server], database: str) -> None:
