@@ -9,6 +9,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -77,3 +78,16 @@ def eventually(check: Callable[[], Any], timeout: float, pause: float = 0.05) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout} s: {check}")
         time.sleep(pause)
+
+
+def without_password(cluster: PgCluster, dsn: str, folder: Path) -> str:
+    """``dsn`` with its password moved to a passfile in ``folder`` (``passfile=``): the way
+    ``--cluster`` takes one (it refuses a password in the string)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    passfile = folder / "pgpass"
+    lines = [f"127.0.0.1:{node.pg_port}:*:*:{cluster.password}" for node in cluster.nodes.values()]
+    passfile.write_text("\n".join(lines) + "\n")
+    passfile.chmod(0o600)
+    params = {k: v for k, v in conninfo_to_dict(dsn).items() if k != "password"}
+    return make_conninfo("", **{**params, "passfile": str(passfile)})

@@ -83,7 +83,7 @@ def test_the_first_append_of_a_key_in_a_flush_decides(open_log: Callable[..., Co
     log = open_log()
     first, second = claim(log, "k", b"one\n"), claim(log, "k", b"two\n", b'{"other":1}')
     done = log.commit([({DAY: b"one\n"}, first), ({DAY: b"two\n"}, second)])
-    assert done.decisions == [None, Stored(first.digest, first.answer)]
+    assert done.decisions == [None, Stored(first.digest, first.answer, done.position)]
     assert all_batches(log) == [Batch(done.position or 0, {DAY: b"one\n"})]
 
 
@@ -91,9 +91,21 @@ def test_a_stored_key_is_answered_from_the_log_and_writes_nothing(open_log: Call
     host1, host2 = open_log(), open_log()
     written = host1.commit([({DAY: b"row\n"}, claim(host1, "k", b"row\n"))])
     again = host2.commit([({DAY: b"row\n"}, claim(host2, "k", b"row\n"))])
-    assert again.decisions == [Stored(host1.digest(b"row\n"), b'{"ok":1}')]
+    assert again.decisions == [Stored(host1.digest(b"row\n"), b'{"ok":1}', written.position)]
     assert again.position is None and again.held == {"k": written.position}
     assert [b.position for b in all_batches(host2)] == [written.position]
+
+
+def test_a_replay_of_a_key_whose_flush_id_was_forgotten_says_the_trimmed_boundary(
+    open_log: Callable[..., CommitLog], dsn: str
+) -> None:
+    log = open_log()
+    written = log.commit([({DAY: b"row\n"}, claim(log, "k", b"row\n"))])
+    log.report("h1", written.position or 0)
+    log.retain()
+    on_primary(dsn, "DELETE FROM tiny.flushes")  # as retention forgets flush ids an hour after their trim
+    again = log.commit([({DAY: b"row\n"}, claim(log, "k", b"row\n"))])
+    assert again.decisions[0] is not None and again.decisions[0].position == written.position == 1
 
 
 def test_another_body_under_a_stored_key_gets_the_stored_digest_and_writes_nothing(
@@ -204,13 +216,13 @@ def test_a_replay_only_flush_still_waits_for_the_synchronous_standby(
 ) -> None:
     log = open_log()
     key = claim(log, "k", b"row\n")
-    log.commit([({DAY: b"row\n"}, key)])
+    written = log.commit([({DAY: b"row\n"}, key)])
     with ThreadPoolExecutor(1) as pool:
         with wal_receiver_stopped(cluster, str(cluster.sync_standby())):
             replay = pool.submit(log.commit, [({DAY: b"row\n"}, key)])
             time.sleep(1.0)
             assert not replay.done()  # its COMMIT waits for the standby, as a write's does
-        assert replay.result(timeout=10).decisions == [Stored(key.digest, key.answer)]
+        assert replay.result(timeout=10).decisions == [Stored(key.digest, key.answer, written.position)]
 
 
 def test_a_batch_committed_only_on_the_primary_is_not_read_until_a_standby_has_it(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -143,6 +144,56 @@ def test_no_fork_needs_one_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert config.parse(["--no-fork", "--processes", "1"], {}).no_fork is True
 
 
+def test_cluster_mode_takes_a_libpq_string_and_its_flags() -> None:
+    dsn = "host=a,b,c port=5432,5432,5432 dbname=tiny target_session_attrs=read-write passfile=/run/secrets/pgpass"
+    options = config.parse(["--cluster", dsn, "--role", "read", "--host-name", "host-2.example"], {})
+    assert (options.cluster, options.role, options.host_name) == (dsn, "read", "host-2.example")
+    assert config.parse([], {"TINY_CLUSTER": dsn}).follower_name() == socket.gethostname()
+    assert config.parse([], {}).cluster == ""
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=a password=secret-1",
+        "host=a PASSWORD = secret-1",
+        "postgresql://tiny:secret-1@a,b/db",
+        "postgres://a/db?password=secret-1",
+        "postgresql://a/db?sslmode=require&password=secret-1",
+    ],
+)
+def test_a_password_in_the_cluster_string_is_refused_and_never_shown(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, environ in ((["--cluster", dsn], {}), ([], {"TINY_CLUSTER": dsn})):
+        with pytest.raises(SystemExit):
+            config.parse(argv, environ)
+        err = capsys.readouterr().err
+        assert "passfile" in err and "secret-1" not in err
+
+
+def test_help_never_prints_the_cluster_string() -> None:
+    text = config.build_parser({"TINY_CLUSTER": "host=db.internal dbname=tiny"}).format_help()
+    assert "db.internal" not in text and "set, not shown" in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--role", "read"],  # a host for reads only follows a cluster
+        ["--cluster", "host=a", "--new-journal"],  # cluster mode rebuilds a data dir, never renews its journal
+        ["--cluster", "host=a", "--no-fork", "--processes", "1"],  # its follower is a child of the parent
+        ["--cluster", "host=a", "--role", "write"],
+        ["--cluster", "host=a", "--host-name", "-h"],
+        ["--cluster", "host=a", "--host-name", "a/b"],
+        ["--cluster", "host=a", "--host-name", "x" * 64],
+    ],
+)
+def test_cluster_flags_that_cannot_hold_stop_at_start_up(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        config.parse(argv, {})
+
+
 def test_every_flag_is_in_the_readmes_table() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     for name, _, help_text in config._FLAGS:
@@ -175,6 +226,8 @@ NUMBERS: dict[str, tuple[dict[str, object], list[str]]] = {
     "drain_timeout": _SECONDS,
     "idempotency_window": _SECONDS,
     "lock_timeout": _SECONDS,
+    "read_wait": _SECONDS,
+    "follower_retention": _SECONDS,
     "stall_timeout": ({"1": 1.0, "2": 2.0, "600": 600.0}, ["0.999", "0.25", "0", "1e10"]),
     "max_days": ({"1": 1, "16": 16, "10000": 10_000}, ["0", "10001", "1.0"]),
     "max_rejects": ({"0": 0, "1000": 1000, "1000000000": 10**9}, ["1000000001", "1e3"]),
@@ -190,7 +243,7 @@ NUMBERS: dict[str, tuple[dict[str, object], list[str]]] = {
 NONSENSE = ["nan", "NaN", "-nan", "inf", "-inf", "Infinity", "1e309", "-1", "-0", "-0.0", "0x10", "1_0"]
 NONSENSE += ["", " ", "\u0663", "\u00b2", "9" * 5000, "1e999999999", "12abc", "1 2", "0b1"]
 NOT_NUMBERS = {"address", "data_dir", "durability", "token", "token_file", "journal_mode", "crash_at"}
-NOT_NUMBERS |= {"new_journal", "public_downloads", "no_fork", "lean"}
+NOT_NUMBERS |= {"new_journal", "public_downloads", "no_fork", "lean", "cluster", "role", "host_name"}
 
 
 def _names(name: str) -> tuple[str, str]:

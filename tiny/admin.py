@@ -1,7 +1,7 @@
 """Operator commands on a data dir: a live backup, its journal mode, its aggregates, files forgotten knowingly.
 
 Usage (``tiny-admin`` once installed, or ``python -m tiny.admin`` from the source tree):
-    tiny-admin backup DATA_DIR DEST [--lock-timeout 30]
+    tiny-admin backup DATA_DIR DEST [--lock-timeout 30] [--cluster DSN --host-name NAME]
     tiny-admin set-journal-mode DATA_DIR {wal,delete}
     tiny-admin rebuild-aggregates DATA_DIR [--lock-timeout 30]
     tiny-admin forget DATA_DIR FILE... [--remove] [--lock-timeout 30]
@@ -16,6 +16,13 @@ the files' committed sizes as they were at that instant (none past the sizes cop
 retry of any batch against the copy then writes it exactly once. A plain ``cp -r`` of a live
 data dir is refused by the server instead (the journal and the files come from different
 moments: tiny.datadir). DEST must not exist.
+
+In cluster mode the copy carries the data dir's position in the log (its intent) and its
+binding to the cluster (its journal): a host started on it follows the log from there. With
+``--cluster DSN --host-name NAME``, the backup also registers NAME in the log's followers at
+that position, while it holds the lock (so before this host's follower can report a later one):
+the log then keeps every batch the copy lacks until NAME's server starts on it and reports,
+or ``--follower-retention`` passes, however long the copy takes to reach its host.
 
 ``set-journal-mode`` changes the mode every server on the data dir must use (``wal`` on one
 host, ``delete`` for writers on several hosts); stop every server on the data dir first.
@@ -62,15 +69,20 @@ from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
 from tiny.files import size_of
 from tiny.keys import MODES, stored_mode
+from tiny.refusals import Found
 
 log = logging.getLogger("tiny.admin")
 _COPY_BLOCK = 1 << 20
 
 
-def backup(data_dir: Path, dest: Path, lock_timeout: float = 30.0) -> dict[str, int]:
+def backup(
+    data_dir: Path, dest: Path, lock_timeout: float = 30.0, hold: tuple[str, str] | None = None
+) -> dict[str, int]:
     """Copy the live data dir ``data_dir`` to the new directory ``dest`` (see the module
-    docstring); returns the files and bytes copied and the keys kept. CommitError when the
-    data dir's journal is refused, FileExistsError when ``dest`` exists."""
+    docstring); returns the files and bytes copied, the keys kept and (cluster mode) the
+    position copied. ``hold``: (the cluster's DSN, a follower name) to register at that
+    position. CommitError when the data dir's journal is refused, FileExistsError when
+    ``dest`` exists, Refused when the hold cannot be registered (nothing is copied then)."""
     if dest.exists():
         raise FileExistsError(f"{dest} exists; back up into a new directory")
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
@@ -82,6 +94,9 @@ def backup(data_dir: Path, dest: Path, lock_timeout: float = 30.0) -> dict[str, 
             committed = layout.sizes_path(data_dir).read_bytes()  # each at most the size noted now
             lock_line = layout.lock_path(data_dir).read_bytes()[:64]
             newest = journal.keys.last[1] if journal.keys.last else 0
+            position = _position(journal, hold is not None)
+            if hold is not None:
+                _hold(hold, position or 0)
         dest.mkdir(parents=True)
         layout.state_dir(dest).mkdir()
         copied = 0
@@ -94,7 +109,35 @@ def backup(data_dir: Path, dest: Path, lock_timeout: float = 30.0) -> dict[str, 
         shutil.copyfile(layout.identity_path(data_dir), layout.identity_path(dest))
     finally:
         journal.close()
-    return {"files": len(sizes), "bytes": copied, "keys": kept}
+    return {"files": len(sizes), "bytes": copied, "keys": kept, "position": position if position is not None else -1}
+
+
+def _position(journal: LocalCommit, needed: bool) -> int | None:
+    """The log position committed with the files (cluster mode), or None (one host; or a torn
+    intent, which a hold refuses: the position cannot be known)."""
+    try:
+        return journal.intent.committed_position()
+    except Found:
+        if needed:
+            raise
+        return None
+
+
+def _hold(hold: tuple[str, str], position: int) -> None:
+    """Register follower ``hold[1]`` at ``position`` in the log of the cluster ``hold[0]``."""
+    from tiny.cluster.errors import ClusterError
+    from tiny.cluster.log import CommitLog
+    from tiny.commit.cluster import TIMEOUTS
+
+    log = CommitLog(hold[0], timeouts=TIMEOUTS)
+    try:
+        log.report(hold[1], position)
+    except ClusterError as exc:
+        raise Refused(
+            f"the log could not register {hold[1]} at position {position}: {exc}; nothing was copied"
+        ) from None
+    finally:
+        log.close()
 
 
 def _file_sizes(data_dir: Path) -> dict[str, int]:
@@ -262,6 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     copy.add_argument("data_dir", type=Path)
     copy.add_argument("dest", type=Path, help="a new directory")
     copy.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for the flush lock (30)")
+    copy.add_argument(
+        "--cluster", help="cluster mode: the cluster's DSN, to register --host-name at the copy's position"
+    )
+    copy.add_argument("--host-name", help="cluster mode: the follower name of the host that will start on the copy")
     change = commands.add_parser("set-journal-mode", help="change the journal mode (stop every server first)")
     change.add_argument("data_dir", type=Path)
     change.add_argument("mode", choices=MODES)
@@ -280,8 +327,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "backup":
-            done = backup(args.data_dir, args.dest, args.lock_timeout)
-            print(f"copied {done['files']} files ({done['bytes']} bytes) and {done['keys']} keys to {args.dest}")
+            if (args.cluster is None) != (args.host_name is None):
+                parser.error("backup: --cluster and --host-name go together")
+            hold = (args.cluster, args.host_name) if args.cluster else None
+            done = backup(args.data_dir, args.dest, args.lock_timeout, hold)
+            at = f", at position {done['position']} of the log" if done["position"] >= 0 else ""
+            held = f" ({args.host_name} holds the log from there)" if hold else ""
+            print(
+                f"copied {done['files']} files ({done['bytes']} bytes) and {done['keys']} keys to {args.dest}{at}{held}"
+            )
         elif args.command == "forget":
             print("\n".join(forget(args.data_dir, args.files, args.remove, args.lock_timeout)))
         elif args.command == "rebuild-aggregates":

@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import re
+import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from tiny import limits
 
 ENV_PREFIX = "TINY_"
 DURABILITIES = ("write", "fsync")
+ROLES = ("ingest", "read")
 # Numbers are written in ASCII digits, with no sign, no "_", no hex, no nan or infinity:
 # float() and int() take all of those (and other scripts' digits), and a nan passes every
 # comparison check unnoticed.
@@ -30,6 +32,11 @@ _MIN_SECONDS = 0.001
 _MIN_STALL_SECONDS = 1.0  # 4 heartbeats (tiny.heartbeat.BEAT_SECONDS): less kills workers that are only busy
 _MIN_CPUS = 0.01  # the least cgroup quota: 1 ms of every 100 ms period (tiny.analytics.cpu)
 _MIN_RATE = 0.001  # one read per 1000 s; far below it the pace's interval and Retry-After grow absurd (1e-320: inf)
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
+_MAX_DSN = 4096  # characters of --cluster
+# a password in a libpq key=value string, or in a URI's user info or query
+_PASSWORD = re.compile(r"(?:^|\s)password\s*=|^postgres(?:ql)?://[^/@?]*:[^/@?]*@|[?&]password=", re.IGNORECASE)
+_SECRET_VALUES = {"token", "cluster"}  # flags whose values no message or --help shows
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,17 @@ class Config:
     no_fork: bool = False
     public_downloads: bool = False
     lean: bool = True  # the fast head parser of the commonest POST /ingest (tiny.fasthead); off: Tornado's reads all
+    cluster: str = ""  # cluster mode's PostgreSQL (a libpq string naming every node); "": the local journal
+    role: str = "ingest"  # cluster mode: "ingest" (ingest and reads) or "read" (reads only)
+    host_name: str = ""  # cluster mode: this host's follower name in the log; "": the hostname
+    read_wait: float = 10.0  # cluster mode: seconds a read waits for its host to apply its position
+    follower_retention: float = 86_400.0  # cluster mode: seconds the log keeps batches for a follower unseen
     crash_at: str = ""  # fault injection for the crash tests (tiny.crashpoints); not in --help
     token_source: str = ""  # where the token came from: "file", "environment" or "command line"
+
+    def follower_name(self) -> str:
+        """Cluster mode: this host's follower name in the log (``--host-name``, or the hostname)."""
+        return self.host_name or socket.gethostname()
 
     def worker_count(self) -> int:
         """The number of worker processes: ``processes``, or one per usable core when 0."""
@@ -163,7 +179,7 @@ def _one_of(*choices: str) -> Callable[[str], str]:
 
 
 def _crash_point(text: str) -> str:
-    """``point[:probability[:kill|stop|stop-once]]`` (tiny.crashpoints.CRASH_POINTS), or empty."""
+    """``point[:probability[:kill|stop|kill-once|stop-once]]`` (tiny.crashpoints.CRASH_POINTS), or empty."""
     from tiny.crashpoints import CRASH_POINTS
 
     point, _, rest = text.partition(":")
@@ -172,8 +188,30 @@ def _crash_point(text: str) -> str:
         raise argparse.ArgumentTypeError("not a crash point")
     if chance:
         _decimal(0, 1, "a probability")(chance)
-    if how not in ("", "kill", "stop", "stop-once"):
-        raise argparse.ArgumentTypeError("the action must be 'kill', 'stop' or 'stop-once'")
+    if how not in ("", "kill", "stop", "kill-once", "stop-once"):
+        raise argparse.ArgumentTypeError("the action must be 'kill', 'stop', 'kill-once' or 'stop-once'")
+    return text
+
+
+def _dsn(text: str) -> str:
+    """A libpq connection string (key=value or URI) without a password, or empty. The value is
+    never shown back (see _naming): were a password in it, it would leak into the message."""
+    if len(text) > _MAX_DSN or "\n" in text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"must be a libpq connection string of at most {_MAX_DSN} characters")
+    if _PASSWORD.search(text.strip()):
+        raise argparse.ArgumentTypeError(
+            "must not hold a password (it would show in ps, the environment and logs): put it in a passfile "
+            "named by passfile=PATH in the string, or by PGPASSFILE"
+        )
+    return text.strip()
+
+
+def _host_name(text: str) -> str:
+    """1-63 letters, digits, '.', '_' or '-', starting with a letter or digit; or empty."""
+    if text and not _HOST_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
     return text
 
 
@@ -284,6 +322,31 @@ _FLAGS: list[tuple[str, Callable[[str], object], str | None]] = [
         "run the one worker in this process, with no parent to restart it or watch it stall (for debuggers; "
         "implied under kernprof); needs --processes 1",
     ),
+    (
+        "cluster",
+        _dsn,
+        "cluster mode: the PostgreSQL cluster that commits every batch for every host, as a libpq connection "
+        "string naming every node with target_session_attrs=read-write (a password only in a passfile: "
+        "passfile=PATH or PGPASSFILE); unset = this data dir's own journal, one host (docs/scaling-out.md)",
+    ),
+    ("role", _one_of(*ROLES), "cluster mode: 'ingest' (ingest and reads) or 'read' (reads only: /ingest gets 421)"),
+    (
+        "host_name",
+        _host_name,
+        "cluster mode: this host's follower name in the log, unique per host; empty = the hostname",
+    ),
+    (
+        "read_wait",
+        _seconds,
+        "cluster mode: seconds a read waits for this host to apply the position it needs (Tiny-Wait-Position, "
+        "or the log's head when the read began) before it gets 503 with Retry-After",
+    ),
+    (
+        "follower_retention",
+        _seconds,
+        "cluster mode: seconds the log keeps batches for a host whose follower stopped reporting; past it that "
+        "host needs a copy of a peer's data dir",
+    ),
     ("crash_at", _crash_point, None),
     ("lean", _boolean, None),
 ]
@@ -299,8 +362,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     for name, kind, text in _FLAGS:
         default = environ.get(env_name(name), getattr(defaults, name))
-        shown = "unset" if default is None else default
-        if name == "token" and default is not None:
+        shown = "unset" if default is None or default == "" else default
+        if name in _SECRET_VALUES and default:
             shown = "set, not shown"  # --help must never print a secret
         extra: dict[str, object] = {"nargs": "?", "const": True} if kind is _boolean else {}
         parser.add_argument(
@@ -333,7 +396,8 @@ def _naming(kind: Callable[[str], object], name: str) -> Callable[[str], object]
             return kind(text)
         except (argparse.ArgumentTypeError, ValueError) as exc:
             where = f"{flag_name(name)} or {env_name(name)} in the environment"
-            raise argparse.ArgumentTypeError(f"{exc}, not {_shown(text)} (from {where})") from None
+            value = "the value given" if name in _SECRET_VALUES else _shown(text)
+            raise argparse.ArgumentTypeError(f"{exc}, not {value} (from {where})") from None
 
     convert.__name__ = getattr(kind, "__name__", name)
     return convert
@@ -359,10 +423,26 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
             values[name] = _boolean(values[name])
     if values["no_fork"] and values["processes"] != 1:
         parser.error("argument --no-fork: needs --processes 1")
+    _check_cluster(parser, values)
     argv = sys.argv[1:] if argv is None else argv
     on_command_line = any(arg == "--token" or arg.startswith("--token=") for arg in argv)
     values["token"], values["token_source"] = _token(parser, args, on_command_line)
     return Config(**values)
+
+
+def _check_cluster(parser: argparse.ArgumentParser, values: dict[str, object]) -> None:
+    """The flags that only cluster mode takes, and those it refuses."""
+    if not values["cluster"]:
+        if values["role"] != "ingest":
+            parser.error("argument --role: a host for reads only follows a cluster: give --cluster too")
+        return
+    if values["no_fork"]:
+        parser.error("argument --no-fork: cluster mode runs its follower as a process of the server's parent")
+    if values["new_journal"]:
+        parser.error(
+            "argument --new-journal: in cluster mode a data dir is rebuilt from the log or from a peer's copy "
+            "(docs/scaling-out.md), never with a fresh journal over its files"
+        )
 
 
 def _token(parser: argparse.ArgumentParser, args: argparse.Namespace, on_command_line: bool) -> tuple[str | None, str]:

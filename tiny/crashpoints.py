@@ -1,9 +1,10 @@
 """Fault injection for the crash tests: a flush that kills (or stops) its own process at a named point.
 
-``--crash-at`` (tiny.config, not in --help) is ``point[:probability[:kill|stop|stop-once]]``:
-at ``point`` (one of :data:`CRASH_POINTS`) a flush sends its own thread SIGKILL (or SIGSTOP,
-the flush lock held; ``stop-once``: only the first process of the data dir to get there, by a
-file ``.tiny/crash-test-once`` made with O_EXCL), with the given probability (default 1). The
+``--crash-at`` (tiny.config, not in --help) is
+``point[:probability[:kill|stop|kill-once|stop-once]]``: at ``point`` (one of
+:data:`CRASH_POINTS`) a flush sends its own thread SIGKILL (or SIGSTOP, the flush lock held;
+``kill-once``, ``stop-once``: only the first process of the data dir to get there, by a file
+``.tiny/crash-test-once`` made with O_EXCL), with the given probability (default 1). The
 signal goes to the flushing thread with ``pthread_kill``, not to the process: a signal sent to
 the process is taken by its main thread, and the flush went on meanwhile.
 
@@ -11,7 +12,10 @@ The points of a local flush (tiny.commit.local, tiny.appender): ``before-writes`
 written, no data), ``between-writes`` (the first file written), ``after-writes`` (every file
 written, nothing committed), ``after-commit`` (the keys committed, the intent still live),
 ``after-finish`` (the intent marked). ``worker-start`` is a worker that dies as it starts
-(tiny.worker).
+(tiny.worker). A follower's flush (tiny.follower, cluster mode) reaches ``before-writes`` and
+``between-writes`` too, then ``follower-after-append`` (every file written, its position not
+committed: the intent live) and ``follower-after-position`` (the intent marked with its
+position, not yet reported to the log).
 """
 
 from __future__ import annotations
@@ -27,7 +31,16 @@ from tiny import layout
 
 log = logging.getLogger("tiny.crashpoints")
 
-CRASH_POINTS = ("before-writes", "between-writes", "after-writes", "after-commit", "after-finish", "worker-start")
+CRASH_POINTS = (
+    "before-writes",
+    "between-writes",
+    "after-writes",
+    "after-commit",
+    "after-finish",
+    "worker-start",
+    "follower-after-append",
+    "follower-after-position",
+)
 
 
 class CrashPoints:
@@ -39,7 +52,7 @@ class CrashPoints:
         self.point = point
         self.chance = float(chance or 1) if point else 0.0
         self.signal = signal.SIGSTOP if how.startswith("stop") else signal.SIGKILL
-        self.once = how == "stop-once"
+        self.once = how.endswith("-once")
         self._once_file = layout.state_dir(data_dir) / "crash-test-once"
 
     def reach(self, point: str) -> None:

@@ -63,12 +63,16 @@ def open_journal(
     known_id: str | None = None,
     accept_new: bool = False,
     check_sizes: bool = True,
+    cluster: bool | None = None,
 ) -> Identity:
     """Open (or create) the journal files of ``lock.data_dir`` into the three pieces and
     recover an unfinished flush; see the module docstring. ``known_id``: the id this process
     used the data dir under before (a reopening must find the same). ``check_sizes`` False:
-    every check but the files' committed sizes (tiny-admin forget, which settles them). The
-    caller closes the pieces on any failure."""
+    every check but the files' committed sizes (tiny-admin forget, which settles them).
+    ``cluster`` False: a server of one host, which refuses (Refused) a data dir that follows a
+    cluster (tiny.cluster.binding: its writes would make this host's files differ from every
+    other's); True or None: no such check (cluster mode checks the binding itself; the
+    operator's commands work on either). The caller closes the pieces on any failure."""
     state = layout.state_dir(lock.data_dir)
     try:
         state.mkdir(parents=True, exist_ok=True)
@@ -76,7 +80,7 @@ def open_journal(
         raise Refused(f"cannot create the journal's folder {state}: {exc.strerror or exc}") from None
     lock.open()
     deadline = time.monotonic() + lock.lock_timeout
-    opening = _Opening(lock, intent, keys, known_id, check_sizes)
+    opening = _Opening(lock, intent, keys, known_id, check_sizes, local_only=cluster is False)
     with lock.holding_lock_file(lock.lock_timeout):
         try:
             identity = opening.attach(deadline)
@@ -93,11 +97,14 @@ def open_journal(
 class _Opening:
     """One opening of a data dir's journal (the lock file's flock held throughout)."""
 
-    def __init__(self, lock: FlushLock, intent: IntentFile, keys: KeyStore, known_id: str | None, sizes: bool) -> None:
+    def __init__(
+        self, lock: FlushLock, intent: IntentFile, keys: KeyStore, known_id: str | None, sizes: bool, local_only: bool
+    ) -> None:
         self.lock, self.intent, self.keys = lock, intent, keys
         self.data_dir = lock.data_dir
         self.known_id = known_id
         self.check_sizes = sizes
+        self.local_only = local_only
 
     def close_files(self) -> None:
         """Close the keys, the intent (and its fence) and the sizes; the lock file stays open."""
@@ -125,6 +132,13 @@ class _Opening:
             raise Found(
                 f"the journal {journal_path} belongs to data dir {meta['data_dir_id'].decode()}, "
                 f"but this data dir is {found_id}"
+            )
+        if self.local_only and "cluster_id" in meta:
+            raise Refused(
+                f"the data dir {self.data_dir} follows the PostgreSQL cluster {meta['cluster_id'].decode()} "
+                "(cluster mode): start its server with --cluster naming that cluster. A server without it would "
+                "write to these files alone, and this host's files would differ from every other host's; to use "
+                "them on one host, start a server on a copy of the day files in a new data dir"
             )
         lock_id = self.lock.data_dir_id()
         if lock_id != found_id:

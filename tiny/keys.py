@@ -6,9 +6,11 @@ answer, stored)``, one row per key in the order stored: the key's unique index f
 second index or a counter row (each would add a page to every commit: 30 µs of 90 in a flush
 with one key). Table ``meta (name, value)``: ``data_dir_id``, ``journal_mode``, ``digest_key``
 (the secret of :func:`tiny.commit.keyed_digest`), ``created``, ``sizes`` (the data dir tracks
-committed sizes). The database runs in WAL mode, or in its rollback journal (``mode="delete"``)
-for writers on several hosts, whose WAL would need shared memory; ``journal_size_limit``
-brings the ``-wal`` back to 4 MiB after each checkpoint.
+committed sizes); in cluster mode ``cluster_id`` and ``cluster_digest_key``, the cluster the
+data dir follows and that cluster's digest secret (tiny.cluster.binding). The database
+runs in WAL mode, or in its rollback journal (``mode="delete"``) for writers on several
+hosts, whose WAL would need shared memory; ``journal_size_limit`` brings the ``-wal`` back
+to 4 MiB after each checkpoint.
 
 Rules (every method but :meth:`KeyStore.close` expects the data dir's flush lock held by the
 caller, tiny.flushlock, and one thread):
@@ -138,6 +140,11 @@ class KeyStore:
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self.last = None
         return secret
+
+    def meta(self, name: str) -> bytes | None:
+        """The value of the meta row ``name``, or None."""
+        row = self.db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return None if row is None else bytes(row[0])
 
     def set_meta(self, name: str, value: bytes) -> None:
         with immediate(self.db):

@@ -107,6 +107,13 @@ class Metrics:
             registry=None,
         )
         self.heads = {parser: self.ingest_heads.labels(parser) for parser in PARSERS}
+        self.cluster_commits = Counter(
+            "tiny_cluster_commits",
+            "Cluster mode: flushes sent to the commit log, by outcome: written, unavailable (nothing kept), "
+            "unknown (may or may not have been written), refused",
+            ["outcome"],
+            registry=None,
+        )
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self.valid = self.records.labels("valid")
         self.invalid = self.records.labels("invalid")
@@ -138,6 +145,35 @@ class Metrics:
             self.flush_bytes.inc(nbytes)
         else:
             self.flush_errors.inc()
+
+
+class FollowerMetrics:
+    """Cluster mode: the metrics of a host's follower (tiny.follower), one process per host.
+    Its gauges are those of the live follower (a dead one's are dropped: tiny.prefork)."""
+
+    def __init__(self) -> None:
+        def gauge(name: str, text: str) -> Gauge:
+            return Gauge(name, text, registry=None, multiprocess_mode="livemostrecent")
+
+        self.applied = gauge("tiny_cluster_applied_position", "The log's position this host's files hold")
+        self.head = gauge("tiny_cluster_head_position", "The newest position of the log the follower last saw")
+        self.lag = gauge("tiny_cluster_lag_positions", "Positions this host is behind the head it last saw")
+        self.lag_seconds = gauge("tiny_cluster_lag_seconds", "Seconds this host has been behind the log's head")
+        self.batches = Counter(
+            "tiny_cluster_applied_batches", "Batches of the log applied to this host's files", registry=None
+        )
+        self.bytes = Counter(
+            "tiny_cluster_applied_bytes", "Bytes of the log appended to this host's files", registry=None
+        )
+        self.errors = Counter(
+            "tiny_cluster_follower_errors", "Turns of the follower that failed (and were retried)", registry=None
+        )
+
+    def observe(self, applied: int, head: int, lag_seconds: float) -> None:
+        self.applied.set(applied)
+        self.head.set(head)
+        self.lag.set(max(0, head - applied))
+        self.lag_seconds.set(lag_seconds)
 
 
 def render() -> bytes:

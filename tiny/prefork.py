@@ -27,6 +27,16 @@ whose parent disappears (kill -9) notice within half a second and shut down clea
 Before any worker starts, the parent opens the data dir's journal once (tiny.commit.local): a
 journal that cannot be used stops the start with its reason (exit 1). ``--no-fork`` (or
 running under kernprof) serves in this process instead, with no parent.
+
+Cluster mode (``--cluster``): the start checks the data dir, its binding to the cluster and
+that the log still holds what follows its position (tiny.follower ``check_at_start``; a cluster
+with no primary yet does not stop it), then the parent also runs the host's follower
+(tiny.follower) as one more child, in the slot after the workers': restarted when it dies
+(with the same budget of deaths at start), killed and replaced when it stops beating for
+``--stall-timeout`` or stays in one operation past that plus its bound
+(tiny.follower_status ``busy_bound``), stopped with the workers. Its status, made here before
+any fork, is shared with every worker (their reads wait on it). Cluster mode needs the parent:
+not under kernprof, not with ``--no-fork``.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ from tiny.analytics import cpu
 from tiny.commit import CommitError
 from tiny.commit.local import LocalCommit
 from tiny.config import Config
+from tiny.follower_status import FollowerStatus, busy_bound
 from tiny.heartbeat import Heartbeats
 from tiny.worker import run_worker
 
@@ -149,7 +160,7 @@ def serve(config: Config) -> int:
             log.error("cannot start: %s", stale)
             return 1
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        if not _journal_usable(config):
+        if not _data_dir_usable(config):
             return 1
         nofile = descriptors.raise_limit()
         try:
@@ -160,6 +171,9 @@ def serve(config: Config) -> int:
             log.error("%s", exc)
             return 2
         in_process = config.no_fork or profiling.active()
+        if in_process and config.cluster:
+            log.error("cannot start: cluster mode runs its follower as a child of the server's parent (no kernprof)")
+            return 2
         count = config.worker_count()
         if in_process and count > 1:
             # kernprof -l app.py without --processes 1: one worker, here, on one socket. (Bound
@@ -180,7 +194,7 @@ def serve(config: Config) -> int:
         host, port = sockets[0].getsockname()[:2]
         log.info(
             "tiny %s listening on http://%s:%d with %d worker process(es)%s, codec %s (%s), data dir %s, "
-            "durability %s, at most %d connections per worker (RLIMIT_NOFILE %d), %s",
+            "durability %s, at most %d connections per worker (RLIMIT_NOFILE %d), %s, %s",
             __version__,
             host,
             port,
@@ -193,6 +207,7 @@ def serve(config: Config) -> int:
             config.max_connections,
             nofile,
             f"bearer token from the {config.token_source}" if config.token else "no token",
+            f"cluster mode ({config.role} host, follower {config.follower_name()})" if config.cluster else "one host",
         )
         # before the fork: every worker's pool processes share the one quota
         cpu.prepare(config.analytics_cpu, f"{cpu.PREFIX}{os.getpid()}")
@@ -205,10 +220,16 @@ def serve(config: Config) -> int:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _journal_usable(config: Config) -> bool:
+def _data_dir_usable(config: Config) -> bool:
     """Open the data dir's journal once before any worker starts (creating it in a new data
     dir; with --new-journal, replacing one found wrong), so that a journal that cannot be
-    used stops the start with its reason instead of failing every request."""
+    used stops the start with its reason instead of failing every request. Cluster mode:
+    tiny.follower ``check_at_start`` (the data dir, its binding to the cluster, the log's
+    positions after it)."""
+    if config.cluster:
+        from tiny.follower import check_at_start  # psycopg: cluster mode only
+
+        return check_at_start(config)
     journal = LocalCommit(
         config.data_dir,
         fsync=config.durability == "fsync",
@@ -216,6 +237,7 @@ def _journal_usable(config: Config) -> bool:
         max_keys=config.idempotency_max_keys,
         mode=config.journal_mode,
         lock_timeout=config.lock_timeout,
+        cluster=False,
     )
     try:
         journal.open(accept_new=config.new_journal)
@@ -246,6 +268,9 @@ class _Supervisor:
         self.config = config
         self.sockets = sockets
         self.heartbeats = Heartbeats(len(sockets))
+        # cluster mode: the follower, in the slot after the workers', its status shared with them
+        self.follower = FollowerStatus() if config.cluster else None
+        self.follower_index = len(sockets)
         self.children: dict[int, _Worker] = {}  # pid -> its slot and start
         self.restart_at: dict[int, float] = {}  # slot -> when to start its next worker
         self.early_deaths: dict[int, int] = {}  # slot -> workers in a row that died soon after start
@@ -261,7 +286,7 @@ class _Supervisor:
         previous_fd = signal.set_wakeup_fd(wake_write)
         previous = {signum: signal.signal(signum, self._record) for signum in (*_STOP_SIGNALS, signal.SIGCHLD)}
         try:
-            for index in range(len(self.sockets)):
+            for index in range(len(self.sockets) + (self.follower is not None)):
                 self._spawn(index)
             self.last_turn = time.monotonic()
             while self.children or (self.restart_at and not self.stopping):
@@ -335,14 +360,14 @@ class _Supervisor:
                 continue
             lived = time.monotonic() - worker.started
             # died at start: before its event loop ever ran (it never served)
-            at_start = not self.heartbeats.beaten_since(worker.index, worker.started)
+            at_start = not self._beaten_since(worker.index, worker.started)
             early = self.early_deaths.get(worker.index, 0) + 1 if at_start else 0
             self.early_deaths[worker.index] = early
             if early >= _RESTART_BUDGET:
                 log.error(
-                    "worker %d died at its start %d times in a row (last: pid %d, exit code %d; its log above "
+                    "%s died at its start %d times in a row (last: pid %d, exit code %d; its log above "
                     "says why); stopping the server",
-                    worker.index,
+                    "the follower" if worker.index == self.follower_index else f"worker {worker.index}",
                     early,
                     pid,
                     code,
@@ -350,7 +375,8 @@ class _Supervisor:
                 self.failed = True
                 self._stop()
                 continue
-            log.error("worker %d (pid %d) exited with %d; restarting it", worker.index, pid, code)
+            what = "the follower" if worker.index == self.follower_index else f"worker {worker.index}"
+            log.error("%s (pid %d) exited with %d; restarting it", what, pid, code)
             # a worker that dies at once must not spin: its replacement waits a moment
             self.restart_at[worker.index] = time.monotonic() + (_RESTART_BACKOFF_SECONDS if lived < 1.0 else 0.0)
 
@@ -370,24 +396,48 @@ class _Supervisor:
         if self.stopping:
             self.deadline += gap
 
+    def _beaten_since(self, index: int, since: float) -> bool:
+        if index == self.follower_index and self.follower is not None:
+            return self.follower.life()[0] > since
+        return self.heartbeats.beaten_since(index, since)
+
+    def _stalled(self, index: int, now: float, started: bool) -> str | None:
+        stall, lock = self.config.stall_timeout, self.config.lock_timeout
+        if index == self.follower_index and self.follower is not None:
+            beat, busy = self.follower.life()
+            beat = max(beat, self.judged_from)
+            if now - beat > stall:
+                return f"it has not run for {now - beat:.1f} s"
+            if busy and now - max(busy, self.judged_from) > stall + busy_bound(lock):
+                return f"it has been in one operation for {now - busy:.1f} s"
+            return None
+        loop_bound = stall + (lock if started else 0.0)
+        return self.heartbeats.stalled(index, loop_bound, stall + lock, now=now, since=self.judged_from)
+
     def _replace_stalled(self, now: float) -> None:
         stall, lock = self.config.stall_timeout, self.config.lock_timeout
         for pid, worker in list(self.children.items()):
             # before its loop first runs, a worker may wait for the lock to open the journal
             # (a pause of this process ends with a fresh start's bound)
             started = now - max(worker.started, self.judged_from) < stall + lock
-            loop_bound = stall + (lock if started else 0.0)
-            why = self.heartbeats.stalled(worker.index, loop_bound, stall + lock, now=now, since=self.judged_from)
+            why = self._stalled(worker.index, now, started)
             if why is None:
                 continue
-            log.error("worker %d (pid %d) stalled: %s; killing it, a new one takes its socket", worker.index, pid, why)
+            what = "the follower" if worker.index == self.follower_index else f"worker {worker.index}"
+            log.error("%s (pid %d) stalled: %s; killing it, a new one takes its place", what, pid, why)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)  # also ends a stopped process, releasing its locks
-            self.heartbeats.reset(worker.index)  # not killed twice while it dies
+            self._reset(worker.index)  # not killed twice while it dies
+
+    def _reset(self, index: int) -> None:
+        if index == self.follower_index and self.follower is not None:
+            self.follower.reset()
+        else:
+            self.heartbeats.reset(index)
 
     def _spawn(self, index: int) -> None:
         parent = os.getpid()
-        self.heartbeats.reset(index)
+        self._reset(index)
         # Block the stop signals across the fork: the child must not run the parent's
         # handlers, and it unblocks them only once its event loop handles them
         # (tiny.worker), so a SIGTERM that comes early waits instead of killing it.
@@ -405,7 +455,18 @@ class _Supervisor:
             for other, sock in enumerate(self.sockets):
                 if other != index:
                     sock.close()
-            code = run_worker(self.config, self.sockets[index], parent_pid=parent, beat=(self.heartbeats, index))
+            if index == self.follower_index and self.follower is not None:
+                from tiny.follower import run_follower  # psycopg: cluster mode only
+
+                code = run_follower(self.config, self.follower, parent)
+            else:
+                code = run_worker(
+                    self.config,
+                    self.sockets[index],
+                    parent_pid=parent,
+                    beat=(self.heartbeats, index),
+                    follower=self.follower,
+                )
         except BaseException:
             traceback.print_exc()
         finally:

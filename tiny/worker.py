@@ -31,10 +31,11 @@ from pathlib import Path
 from tiny import codec, descriptors, layout, limits
 from tiny.aggregates import Aggregates, Unavailable
 from tiny.analytics.service import Analytics
-from tiny.commit import CommitError
+from tiny.commit import CommitError, CommitPoint
 from tiny.commit.local import LocalCommit
 from tiny.config import Config
 from tiny.drain import Drain
+from tiny.follower_status import FollowerStatus, busy_bound
 from tiny.handlers import ingest
 from tiny.handlers.base import Deps, instance_name
 from tiny.handlers.rules import IngestRules
@@ -43,6 +44,7 @@ from tiny.httpserver import TinyHTTPServer
 from tiny.live import Live, warm_job
 from tiny.metrics import Metrics
 from tiny.pacing import ReadPacer
+from tiny.readwait import HeadReader, ReadWait
 from tiny.routes import make_app
 from tiny.sink import DailyFileSink
 
@@ -58,16 +60,17 @@ def run_worker(
     sock: socket.socket,
     parent_pid: int | None = None,
     beat: tuple[Heartbeats, int] | None = None,
+    follower: FollowerStatus | None = None,
 ) -> int:
     """Serve on ``sock`` until told to stop; returns the process exit code (0 = clean).
 
     ``parent_pid``: the supervising parent; when it goes away the worker shuts down
     instead of serving on as an orphan. ``beat``: the parent's heartbeat slots and this
-    worker's index in them.
+    worker's index in them. ``follower``: cluster mode's follower status (tiny.follower_status).
     """
     # A write past RLIMIT_FSIZE must fail with EFBIG (-> 503), not kill the worker.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    code = asyncio.run(_serve(config, sock, parent_pid, beat))
+    code = asyncio.run(_serve(config, sock, parent_pid, beat, follower))
     if code == _STUCK:  # the sink thread cannot be joined: leave without the interpreter's exit
         logging.shutdown()
         os._exit(1)
@@ -78,20 +81,39 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
     def on_flush(seconds: float, nbytes: int, ok: bool) -> None:
         metrics.observe_flush(seconds, nbytes, ok)
         metrics.backlog.set(sink.backlog)
-        metrics.keys_held.set(journal.key_count)
+        if journal is not None:
+            metrics.keys_held.set(journal.key_count)
 
-    journal = LocalCommit(
-        config.data_dir,
-        fsync=config.durability == "fsync",
-        window=config.idempotency_window,
-        max_keys=config.idempotency_max_keys,
-        mode=config.journal_mode,
-        lock_timeout=config.lock_timeout,
-        headers={layout.DAY_SUFFIX: layout.HEADER},
-        crash_at=config.crash_at,
-    )
+    journal: LocalCommit | None = None
+    commit_point: CommitPoint
+    if config.cluster:  # psycopg is imported in cluster mode only
+        from tiny.commit.cluster import ClusterCommit
+
+        outcomes = {
+            name: metrics.cluster_commits.labels(name) for name in ("written", "unavailable", "unknown", "refused")
+        }
+        commit_point = ClusterCommit(
+            config.data_dir,
+            config.cluster,
+            window=config.idempotency_window,
+            max_keys=config.idempotency_max_keys,
+            wait_bound=config.lock_timeout,
+            on_outcome=lambda outcome: outcomes[outcome].inc(),
+        )
+    else:
+        commit_point = journal = LocalCommit(
+            config.data_dir,
+            fsync=config.durability == "fsync",
+            window=config.idempotency_window,
+            max_keys=config.idempotency_max_keys,
+            mode=config.journal_mode,
+            lock_timeout=config.lock_timeout,
+            headers={layout.DAY_SUFFIX: layout.HEADER},
+            crash_at=config.crash_at,
+            cluster=False,
+        )
     sink = DailyFileSink(
-        journal,
+        commit_point,
         max_backlog=config.max_backlog,
         max_files=descriptors.sink_files(config),
         on_flush=on_flush,
@@ -99,9 +121,19 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
     return sink
 
 
-def make_deps(config: Config, port: int) -> Deps:
+def _positions(config: Config, follower: FollowerStatus | None) -> ReadWait | None:
+    """Cluster mode: the reads' wait for this host's follower (``follower``: its status, shared
+    by the parent; a new, unwritten one when there is none: every read then says so)."""
+    if not config.cluster:
+        return None
+    status = follower if follower is not None else FollowerStatus()
+    return ReadWait(status, HeadReader(config.cluster), config.read_wait, busy_bound(config.lock_timeout))
+
+
+def make_deps(config: Config, port: int, follower: FollowerStatus | None = None) -> Deps:
     """Everything the handlers of one worker share, built from ``config``; the journal opened
-    (or, when it cannot be, the sink starting faulty: every write then gets 503 until it can)."""
+    (or, when it cannot be, the sink starting faulty: every write then gets 503 until it can).
+    ``follower``: cluster mode's follower status, which the parent shares."""
     metrics = Metrics()
     sink = _sink(config, metrics)
     try:
@@ -121,6 +153,7 @@ def make_deps(config: Config, port: int) -> Deps:
         rules=IngestRules(config.max_body, config.token),
         instance=instance_name(port),
         started=time.monotonic(),
+        positions=_positions(config, follower),
     )
 
 
@@ -153,12 +186,16 @@ def _reap_resource_tracker() -> None:
 
 
 async def _serve(
-    config: Config, sock: socket.socket, parent_pid: int | None, beat: tuple[Heartbeats, int] | None
+    config: Config,
+    sock: socket.socket,
+    parent_pid: int | None,
+    beat: tuple[Heartbeats, int] | None,
+    follower: FollowerStatus | None,
 ) -> int:
     if config.crash_at.startswith("worker-start"):  # the crash tests' worker that dies as it starts
         os.kill(os.getpid(), signal.SIGKILL)
     loop = asyncio.get_running_loop()
-    deps = make_deps(config, sock.getsockname()[1])
+    deps = make_deps(config, sock.getsockname()[1], follower)
     sink, drain = deps.sink, deps.drain
     server = make_server(deps)
     server.add_sockets([sock])
@@ -190,6 +227,8 @@ async def _serve(
     except TimeoutError:
         pass
     deps.analytics.close()  # its pool processes are gone: this worker writes the store no more
+    if deps.positions is not None:
+        deps.positions.close()
     await _sync_store(config.data_dir)
     _reap_resource_tracker()
     for task in (watcher, beater):

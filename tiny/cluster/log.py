@@ -19,7 +19,9 @@
   one global order by updating the single head row as its last statement (so positions are
   gapless and become visible in their order: a follower reading ``position > applied`` never
   skips one that commits later); every flush inserts its own id, so a flush whose every append
-  is a replay still writes and its COMMIT still waits for the synchronous standby. It returns
+  is a replay still writes and its COMMIT still waits for the synchronous standby; one that
+  takes a position also NOTIFYs :data:`CHANNEL`, which PostgreSQL delivers once the COMMIT
+  (its wait for the standby included) is done, so a follower that LISTENs wakes at once. It returns
   :class:`Committed` only when COMMIT returned without PostgreSQL's "canceling wait for
   synchronous replication" warning on a primary that names a synchronous standby, or when a
   lost or doubtful COMMIT was settled as durable (tiny.cluster.resolve). Otherwise it raises
@@ -43,7 +45,7 @@ Not thread-safe: a CommitLog belongs to one thread (the sink's, or a follower's)
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,8 +58,9 @@ from tiny.cluster.replication import wait_synced
 from tiny.cluster.session import Lost, Session, Timeouts, Watchdog, connect, host_count
 from tiny.commit import DIGEST_BYTES, Claim, Stored
 
-Append = tuple[dict[str, bytes], Claim | None]
+Append = tuple[Mapping[str, bytes], Claim | None]
 MAX_READ_BATCHES = 1024  # batches one read returns at most (and max_bytes)
+CHANNEL = "tiny_log"  # every flush that takes a position NOTIFYs it as it commits: followers LISTEN
 _SYNC_WARNING = "synchronous replication"  # in both of PostgreSQL's warnings: cancelled, and terminated
 
 _CLAIM = """
@@ -72,7 +75,8 @@ WHERE k.stored < now() - make_interval(secs => %(window)s)
 RETURNING k.key, k.xmax = 0
 """
 _HELD = """
-SELECT k.key, k.digest, k.answer, f.position
+SELECT k.key, k.digest, k.answer,
+       CASE WHEN f.flush_id IS NULL THEN (SELECT trimmed FROM tiny.retention) ELSE f.position END
 FROM tiny.idempotency_keys k LEFT JOIN tiny.flushes f ON f.flush_id = k.flush_id
 WHERE k.key = ANY(%s::text[]) AND k.flush_id <> %s
 """
@@ -113,9 +117,12 @@ class Committed:
     """A flush durable on the primary and a synchronous standby.
 
     ``decisions[i]`` for append i: None, its rows were written; or the :class:`Stored` digest
-    and answer it is answered from (it wrote nothing). ``position``: the flush's place in the
-    global order (None: it wrote no bytes). ``held``: for each key answered from the log, the
-    position of the flush that wrote it (None when that flush wrote no bytes or is forgotten).
+    and answer it is answered from (it wrote nothing), whose ``position`` is that of the flush
+    that wrote the key's rows (this one, for a later append of a key this flush writes).
+    ``position``: the flush's place in the global order (None: it wrote no bytes). ``held``:
+    for each key answered from the log, the position of the flush that wrote it (None when
+    that flush wrote no bytes; the log's trimmed boundary, an upper bound every follower seen
+    has applied, when the flush's id is forgotten: tiny.cluster.retention).
     """
 
     decisions: list[Stored | None]
@@ -141,6 +148,16 @@ class _Plan:
     held: dict[str, int | None]
     new_keys: int
     begun: bool  # the transaction is open (the claim ran in it)
+    repeats: list[int] = field(default_factory=list)  # appends answered from a key this flush writes
+
+    def decided(self, position: int | None) -> list[Stored | None]:
+        """The decisions, each later append of a key this flush writes given its ``position``."""
+        decisions = list(self.decisions)
+        for index in self.repeats:
+            stored = decisions[index]
+            assert stored is not None
+            decisions[index] = Stored(stored.digest, stored.answer, position)
+        return decisions
 
 
 class CommitLog:
@@ -222,19 +239,22 @@ class CommitLog:
             self._rollback(session)
             raise NotCommitted(f"the primary refused the flush: {exc}", t.retry_after) from exc
         try:
-            results = session.run(self._writes(plan, flush_id), seconds=t.commit)  # COMMIT's bound covers them
+            statements = self._writes(plan, flush_id)
+            results = session.run(statements, seconds=t.commit)  # COMMIT's bound covers them
         except Lost as exc:
             self._drop()
             return self._settle(plan, flush_id, session, f"COMMIT got no answer ({exc})")
         except psycopg.Error as exc:  # a statement refused: those after it, COMMIT included, did not run
             self._rollback(session)
             raise NotCommitted(f"the primary refused the flush: {exc}", t.retry_after) from exc
-        [(position, synchronous)] = results[-2]
+        [(position, synchronous)] = next(
+            rows for (sql, _), rows in zip(statements, results, strict=True) if sql in (_POSITION, _REPLAY_ONLY)
+        )
         warned = [w for w in session.warnings if _SYNC_WARNING in w]
         if warned or not synchronous or not session.usable:
             why = warned or ("no synchronous standby named" if not synchronous else "and the connection closed")
             return self._settle(plan, flush_id, session, f"COMMIT answered {why}")
-        return Committed(plan.decisions, position, flush_id, plan.held)
+        return Committed(plan.decided(position), position, flush_id, plan.held)
 
     def _writes(self, plan: _Plan, flush_id: str) -> list[tuple[str, Any]]:
         """The flush's statements after the claim, COMMIT last (BEGIN first when there was no claim)."""
@@ -249,6 +269,8 @@ class CommitLog:
             statements.append((_POSITION, params))
         else:
             statements.append((_REPLAY_ONLY, (flush_id,)))
+        if plan.files:  # (a flush with files writes bytes: it takes a position) followers wake
+            statements.append((f"NOTIFY {CHANNEL}", ()))
         return [*statements, ("COMMIT", ())]
 
     def _decide(self, session: Session, appends: Sequence[Append], flush_id: str) -> _Plan:
@@ -262,12 +284,14 @@ class CommitLog:
         decisions: list[Stored | None] = []
         files: dict[str, list[bytes]] = {}
         writing: set[str] = set()
+        repeats: list[int] = []
         for chunks, claim in appends:
             if claim is not None and claim.key not in ours:
                 decisions.append(held[claim.key][0])
                 continue
             if claim is not None and claim.key in writing:
                 first = deciding[claim.key]
+                repeats.append(len(decisions))
                 decisions.append(Stored(first.digest, first.answer))
                 continue
             if claim is not None:
@@ -277,7 +301,7 @@ class CommitLog:
                 if data:
                     files.setdefault(name, []).append(data)
         held_at = {key: value[1] for key, value in held.items()}
-        return _Plan(decisions, files, held_at, new_keys, begun=bool(deciding))
+        return _Plan(decisions, files, held_at, new_keys, begun=bool(deciding), repeats=repeats)
 
     def _claim(
         self, session: Session, claims: list[Claim], flush_id: str
@@ -298,7 +322,9 @@ class CommitLog:
         _, rows, others = session.run([("BEGIN", ()), (_CLAIM, params), (_HELD, (keys, flush_id))])
         ours = {key for key, _ in rows}
         new_keys = sum(1 for _, inserted in rows if inserted)
-        held = {key: (Stored(bytes(digest), bytes(answer)), position) for key, digest, answer, position in others}
+        held = {
+            key: (Stored(bytes(digest), bytes(answer), position), position) for key, digest, answer, position in others
+        }
         missing = set(keys) - ours - set(held)
         if missing:  # a key that conflicted, then vanished (retention deleted it meanwhile): refuse, retry
             raise psycopg.errors.SerializationFailure(f"keys changed during the claim: {sorted(missing)[:3]}")
@@ -306,7 +332,7 @@ class CommitLog:
 
     def _settle(self, plan: _Plan, flush_id: str, session: Session, why: str) -> Committed:
         position = resolve.settle(self._connected, flush_id, session.origin, self.timeouts, why)
-        return Committed(plan.decisions, position, flush_id, plan.held)
+        return Committed(plan.decided(position), position, flush_id, plan.held)
 
     # -- followers ---------------------------------------------------------------------------
 
@@ -365,6 +391,11 @@ class CommitLog:
 
     # -- the connection ----------------------------------------------------------------------
 
+    def connect(self) -> None:
+        """Make sure of a connection to the primary (one kept from before, if still usable);
+        Unavailable, within ``Timeouts.connect`` x hosts, when none accepts writes."""
+        self._connected()
+
     def _connected(self) -> Session:
         if self._session is not None and self._session.usable:
             return self._session
@@ -395,8 +426,9 @@ def _batches(rows: list[tuple[Any, ...]], after: int) -> tuple[list[Batch], str,
     lsn, trimmed = rows[0][0], int(rows[0][1])
     if after < trimmed:
         raise LogTrimmed(
-            f"the log no longer holds positions {after + 1}-{trimmed} (retention deleted them): copy the day "
-            f"files of a host that has applied position {trimmed} or later, with that position",
+            f"the log no longer holds positions {after + 1}-{trimmed} (retention deleted them once every "
+            f"follower seen had applied them): start this host on a copy of a peer's data dir, made with "
+            f"`tiny-admin backup` on a host that has applied position {trimmed} or later (docs/scaling-out.md)",
             trimmed + 1,
         )
     batches: list[Batch] = []

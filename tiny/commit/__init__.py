@@ -9,10 +9,10 @@ anything may have been kept. Implementations:
 
 - :class:`tiny.commit.local.LocalCommit`: the data dir's own journal (the flush lock, the
   intent, the files' committed sizes, the keys in SQLite: docs/exactly-once.md);
-- cluster mode's, a second implementation, wraps tiny.cluster.log.CommitLog, whose ``commit``
-  is one PostgreSQL transaction; each host's follower then appends the committed batches to
-  its day files with the pieces the local commit point is made of, keys aside (tiny.flushlock,
-  tiny.intent with its position, tiny.appender).
+- :class:`tiny.commit.cluster.ClusterCommit` (cluster mode) wraps tiny.cluster.log.CommitLog,
+  whose ``commit`` is one PostgreSQL transaction; each host's follower (tiny.follower) then
+  appends the committed batches to its day files with the pieces the local commit point is
+  made of, keys aside (tiny.flushlock, tiny.intent with its position, tiny.appender).
 
 Its operations, and why they are five calls and not more. ``begin`` (the flush lock taken and
 an unfinished flush recovered; or a transaction begun), ``decide`` the keys (per key, the
@@ -72,10 +72,14 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """What a commit point holds for a key: the digest of its body and the answer it got."""
+    """What a commit point holds for a key: the digest of its body and the answer it got; and,
+    where the commit point keeps one global order (cluster mode), ``position``: the place in it
+    of the flush that wrote the key's rows, for a replay's ``Tiny-Position`` (None: the local
+    commit point, which has no order, or a flush that wrote no bytes)."""
 
     digest: bytes
     answer: bytes
+    position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

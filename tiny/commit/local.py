@@ -54,7 +54,8 @@ _WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for (or another's holding of) t
 
 class LocalCommit:
     """The journal of ``data_dir``; see the module docstring. ``headers`` maps a file suffix to
-    the bytes that open every new file with that suffix; ``crash_at``: tiny.crashpoints."""
+    the bytes that open every new file with that suffix; ``crash_at``: tiny.crashpoints;
+    ``cluster``: tiny.datadir ``open_journal``'s (False: a server of one host)."""
 
     def __init__(
         self,
@@ -67,8 +68,10 @@ class LocalCommit:
         lock_timeout: float = limits.LOCK_TIMEOUT,
         headers: Mapping[str, bytes] | None = None,
         crash_at: str = "",
+        cluster: bool | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.cluster = cluster  # tiny.datadir open_journal's: False refuses a data dir that follows a cluster
         self.fsync = fsync
         self.keys = KeyStore(
             layout.journal_path(self.data_dir), fsync=fsync, window=window, max_keys=max_keys, mode=mode
@@ -108,7 +111,13 @@ class LocalCommit:
             return
         try:
             identity = open_journal(
-                self.lock, self.intent, self.keys, known_id=self.dir_id, accept_new=accept_new, check_sizes=check_sizes
+                self.lock,
+                self.intent,
+                self.keys,
+                known_id=self.dir_id,
+                accept_new=accept_new,
+                check_sizes=check_sizes,
+                cluster=self.cluster,
             )
         except (sqlite3.Error, OSError) as exc:
             self.close()

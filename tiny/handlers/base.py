@@ -4,7 +4,10 @@ Every non-200 answer is ``{"error": {"status": S, "message": "..."}}`` (tiny.pro
 ``error_body``, whichever way answers); the message is meant for the client and never carries
 internals. Two rules hold for every endpoint, the handlers' and the /ingest delegate's
 (tiny.handlers.ingest), each in one function here: whether an answer closes its connection
-(:func:`closes_connection`), and the header limits (:func:`header_refusal`).
+(:func:`closes_connection`), and the header limits (:func:`header_refusal`). Every read
+(the downloads API, ``/api``, ``/top``, ``/trending``, ``/badges``) calls
+:meth:`JSONHandler.pace` before it reads anything, which in cluster mode first waits until
+this host has applied the position the read needs (:meth:`JSONHandler.caught_up`, tiny.readwait).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import logging
 import math
 import os
 import socket
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,6 +33,7 @@ from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
 from tiny.metrics import Metrics
 from tiny.pacing import Paced, ReadPacer
 from tiny.protocol import JSON, error_body
+from tiny.readwait import Behind, NeverCommitted, ReadWait, asked_position
 from tiny.sink import DailyFileSink
 
 if TYPE_CHECKING:
@@ -53,6 +58,7 @@ class Deps:
     rules: IngestRules  # the request rules of /ingest (tiny.handlers.rules)
     instance: str  # ``<hostname>:<port>/<pid>``
     started: float  # time.monotonic() when the worker started
+    positions: ReadWait | None = None  # cluster mode: the reads' wait for this host's follower (tiny.readwait)
 
 
 def instance_name(port: int) -> str:
@@ -140,8 +146,11 @@ class JSONHandler(web.RequestHandler):
         check_token(self.config.token, self.request.headers.get("Authorization", ""))
 
     async def pace(self) -> None:
-        """Wait for this read's turn while ingest is busy (tiny.pacing); 503 + Retry-After when
-        it is more than the pacer's ``max_wait`` away."""
+        """Every read calls this before it reads anything: in cluster mode, wait until this
+        host has applied the position the read needs (:meth:`caught_up`); then wait for this
+        read's turn while ingest is busy (tiny.pacing); 503 + Retry-After when it is more
+        than the pacer's ``max_wait`` away."""
+        await self.caught_up()
         pacer = self.deps.pacer
         try:
             wait = pacer.reserve()
@@ -152,6 +161,26 @@ class JSONHandler(web.RequestHandler):
         if wait > 0:
             self.deps.metrics.paced.labels("waited").inc()
             await asyncio.sleep(wait)
+
+    async def caught_up(self) -> None:
+        """Cluster mode: return once this host has applied the position this read needs: the
+        ``Tiny-Wait-Position`` it sends (0: no wait), or the log's head when it arrived
+        (tiny.readwait). 400 for a header that is not a position, or one past the head; 503
+        + Retry-After, saying how far behind, past ``--read-wait``. One host alone: at once."""
+        positions = self.deps.positions
+        if positions is None:
+            return
+        try:
+            asked = asked_position(self.request.headers.get("Tiny-Wait-Position"))
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        arrived = time.monotonic() - self.request.request_time()
+        try:
+            await positions.wait(asked, arrived)
+        except NeverCommitted as exc:
+            raise APIError(400, str(exc)) from None
+        except Behind as exc:
+            raise APIError(503, str(exc), {"Retry-After": str(exc.retry_after)}) from None
 
     def body_read(self) -> bool:
         """Whether the whole request body has been read (always, unless the handler streams it)."""

@@ -23,12 +23,19 @@ from tiny.sink import BacklogFull
 
 log = logging.getLogger("tiny.handlers")
 
+# 421 Misdirected Request (RFC 9110, 15.5.20): this host cannot answer /ingest at all, whenever
+# asked. A 503 would say "later, here": clients would retry it here after Retry-After, and
+# nginx (proxy_next_upstream http_503) would count a healthy read host as a failing one.
+READ_ONLY = "this host serves reads only (--role read): send /ingest to an ingest host"
+
 
 @profile
-async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool]:
+async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool, int | None]:
     """One /ingest request once its whole body is in (:class:`IngestRequest`): decoded,
-    encoded, written; returns the 200 answer and whether it was replayed from a stored key.
-    Raises APIError for every other answer (400 or 413 for a gzip body, 422, 503)."""
+    encoded, written; returns the 200 answer, whether it was replayed from a stored key, and
+    its position in the cluster's global order (cluster mode; for a replay, the position of
+    the flush that wrote it; None: one host, or a batch that wrote no bytes). Raises APIError
+    for every other answer (400 or 413 for a gzip body, 422, 503)."""
     sink = deps.sink
     if not sink.is_open:  # it failed to open (or was refused since): try again, or say why
         try:
@@ -60,10 +67,11 @@ async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool]:
     )
     metrics = deps.metrics
     metrics.bytes_in.inc(received)
+    position = None
     if chunks or head.key is not None:
         claim = Claim(head.key, digest, answer) if head.key is not None else None
         try:
-            stored = (await sink.append(chunks, claim)).stored
+            outcome = await sink.append(chunks, claim)
         except BacklogFull:
             raise APIError(503, "too many writes are waiting for the disk; retry later", {"Retry-After": "1"}) from None
         except OutcomeUnknown as exc:
@@ -77,15 +85,16 @@ async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool]:
             raise APIError(
                 503, f"{exc}; nothing of this request was kept", {"Retry-After": str(exc.retry_after)}
             ) from None
+        stored, position = outcome.stored, outcome.position
         if stored is not None:  # the key was stored before: nothing was written now
             if stored.digest != digest:
                 metrics.conflicts.labels("422").inc()
                 raise APIError(422, "this Idempotency-Key was used for another body; use a new key")
             metrics.replayed.inc()
-            return stored.answer, True
+            return stored.answer, True, stored.position
     metrics.valid.inc(batch.valid)
     metrics.invalid.inc(batch.invalid)
-    return answer, False
+    return answer, False, position
 
 
 def _encode(deps: Deps, head: Head, body: bytes) -> tuple[codec.Batch, dict[str, bytes], bytes]:
@@ -135,6 +144,10 @@ class IngestRequest(httputil.HTTPMessageDelegate):
       request with a key whose first is still in flight waits for it, then is answered so.
     - 400 corrupt gzip, 422 a key reused for another body, 503 + Retry-After when the backlog
       is full or the disk refuses the write (nothing stored: a retry is processed afresh).
+    - Cluster mode: a 200 (and a replay) says ``Tiny-Position: N``, the batch's place in the
+      cluster's one global order (a replay: that of the flush that wrote it; none for a batch
+      that wrote no bytes), which a read on any host can wait for (``Tiny-Wait-Position``,
+      tiny.readwait); a host for reads only (``--role read``) answers 421 at the head.
 
     Every answer is one block (tiny.protocol.answer_head, the connection's ``write_answer``):
     Server, Content-Type, Date, Content-Length, then ``Idempotent-Replayed``, ``Retry-After``,
@@ -166,6 +179,8 @@ class IngestRequest(httputil.HTTPMessageDelegate):
             refused = header_refusal(headers)
             if refused is not None:
                 raise refused
+            if self.deps.config.role == "read":
+                raise APIError(421, READ_ONLY)
             self.head = self.deps.rules.head(self.method, headers)
         except APIError as exc:
             written = self._refuse(exc)
@@ -209,14 +224,17 @@ class IngestRequest(httputil.HTTPMessageDelegate):
 
     async def _process(self, body: bytes) -> None:
         try:
-            answer, replayed = await process(self.deps, self.head, body)
+            answer, replayed, position = await process(self.deps, self.head, body)
         except APIError as exc:
             self._refuse(exc)
         except Exception:
             log.exception("uncaught exception in POST /ingest")
             self._refuse(APIError(500, "Internal Server Error"))
         else:
-            self._answer(200, answer, {"Idempotent-Replayed": "true"} if replayed else None)
+            extra = {"Idempotent-Replayed": "true"} if replayed else {}
+            if position is not None:
+                extra["Tiny-Position"] = str(position)
+            self._answer(200, answer, extra or None)
         finally:
             self._done()
 

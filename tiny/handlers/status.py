@@ -16,7 +16,14 @@ class HealthHandler(JSONHandler):
     "draining"`` while shutting down, or ``"failing"`` and the ``reason`` while writes fail or
     wait (the journal refused, the flush lock held by another process for over a second,
     whether or not a request of this worker waits for it, the last flush failed): whatever
-    would make a POST answer 503 now. Never blocks the event loop (tiny.sink ``trouble``)."""
+    would make a POST answer 503 now. Never blocks the event loop (tiny.sink ``trouble``).
+
+    Cluster mode adds ``"cluster"``: this host's role and follower name, the position its
+    files hold (``applied``), the log's head its follower last saw, the lag (positions, and
+    seconds behind); and 503 also when this host cannot serve its role: an ingest host that
+    reaches no primary (its last flush, or a probe of the way in, failed), or a host whose
+    follower cannot follow (not running, stuck in one operation, or an error it has had for
+    a second: no primary, the log trimmed past it, a disk that refuses its files)."""
 
     name = "healthz"
 
@@ -24,6 +31,9 @@ class HealthHandler(JSONHandler):
         draining = self.deps.drain.draining
         self.deps.sink.probe()  # a fault that went away clears without a request (tried once a second)
         trouble = self.deps.sink.trouble()
+        cluster = self._cluster()
+        if cluster is not None and not trouble and cluster["follower"] != "ok":
+            trouble = str(cluster["follower"])
         status = "draining" if draining else "failing" if trouble else "ok"
         if status != "ok":
             self.set_status(503)
@@ -39,9 +49,25 @@ class HealthHandler(JSONHandler):
                     "durability": self.config.durability,
                     "backlog_bytes": self.deps.sink.backlog,
                     "uptime_seconds": round(time.monotonic() - self.deps.started, 3),
+                    **({"cluster": cluster} if cluster is not None else {}),
                 }
             )
         )
+
+    def _cluster(self) -> dict[str, object] | None:
+        positions = self.deps.positions
+        if positions is None:
+            return None
+        progress = positions.status.progress()
+        return {
+            "role": self.config.role,
+            "host_name": self.config.follower_name(),
+            "applied": progress.applied,
+            "head": progress.head,
+            "lag": progress.lag(),
+            "lag_seconds": round(progress.lag_seconds(), 3),
+            "follower": positions.status.trouble(positions.busy_bound) or "ok",
+        }
 
 
 class MetricsHandler(JSONHandler):
