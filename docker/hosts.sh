@@ -106,7 +106,16 @@ not_ready() {
         fi
         state=$(docker inspect -f '{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}healthy{{end}}' "$id")
         case "$service:$state" in
-            host*:running*) host_serves "$id" || echo "$service: /healthz is not 200 yet" ;;
+            host*:running*)
+                case $(host_state "$id") in
+                    serves) ;;
+                    single)
+                        echo "$service: runs without cluster mode (/healthz has no \"cluster\"): its image" \
+                            "predates cluster mode; rebuild it (make images-offline TARGETS=ingest)"
+                        ;;
+                    *) echo "$service: /healthz is not 200 yet" ;;
+                esac
+                ;;
             *:"running healthy") ;;
             *) echo "$service: $state" ;;
         esac
@@ -133,11 +142,14 @@ sys.exit(0 if {"leader", "sync_standby"} <= roles else 1)' >/dev/null 2>&1; then
     return 1
 }
 
-# A Tiny host's own /healthz says 200 now (Docker's status lags behind by up to 15 checks).
-host_serves() {
+# What a Tiny host's own /healthz says now (Docker's status lags behind by up to 15 checks):
+# "serves" (200, in cluster mode), "single" (200 without cluster mode: an image older than
+# it), or nothing.
+host_state() {
     docker exec "$1" python3 -S -c '
-import urllib.request as u
-u.urlopen("http://127.0.0.1:8000/healthz", timeout=2)' >/dev/null 2>&1
+import json, urllib.request as u
+answer = json.load(u.urlopen("http://127.0.0.1:8000/healthz", timeout=2))
+print("serves" if "cluster" in answer else "single")' 2>/dev/null || true
 }
 
 nginx_answers() {
@@ -154,6 +166,10 @@ up() {
     local waiting
     while true; do
         waiting=$(not_ready)
+        if grep -q "without cluster mode" <<< "$waiting"; then
+            echo "error: $(grep "without cluster mode" <<< "$waiting")" >&2
+            return 1
+        fi
         if [ -z "$waiting" ]; then
             say "ready: http://127.0.0.1:$port (ingest: POST /ingest; every host's files: docker/hosts.yml)"
             return 0
