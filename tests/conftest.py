@@ -17,6 +17,17 @@ import pytest
 SCALE = float(os.environ.get("TINY_RELIABILITY_SCALE", "1"))  # `make reliability` runs longer
 
 
+@pytest.fixture(scope="session")
+def pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A PostgreSQL cluster (etcd, three nodes under Patroni: tiny.testing_pg) that the cluster
+    mode's test modules share (its start takes 10-20 s); each test uses a fresh database of it,
+    and waits for it to be healthy first (a test may have killed its primary)."""
+    from tiny.testing_pg import PgCluster
+
+    with PgCluster(tmp_path_factory.mktemp("pg")) as running:
+        yield running
+
+
 @pytest.fixture
 def figures(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     """A dict the test fills with what it tried and what held; saved for docs/reliability.md.

@@ -1,12 +1,13 @@
 """Cluster mode with real servers: two or three hosts (servers with their own data dirs) on one PostgreSQL cluster.
 
-One cluster (etcd and three PostgreSQL nodes under Patroni, tiny.testing_pg) for the module, a
-fresh database (so a fresh log) per test. Each host is `python app.py --cluster DSN` with its
+One cluster (etcd and three PostgreSQL nodes under Patroni, tiny.testing_pg; the session's
+``pg_cluster``), a fresh database (so a fresh log) per test. Each host is `python app.py --cluster DSN` with its
 own data dir on 127.0.0.1; the password reaches it through a passfile, as --cluster wants.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -37,10 +38,9 @@ pytestmark = [pytest.mark.slow, NEEDS_CLUSTER, pytest.mark.timeout(300)]
 _FOLLOWER = re.compile(r"tiny\.follower\[(\d+)\] follower \S+ of ")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgCluster]:
-    with PgCluster(tmp_path_factory.mktemp("pg")) as running:
-        yield running
+@pytest.fixture
+def cluster(pg_cluster: PgCluster) -> PgCluster:
+    return pg_cluster
 
 
 @pytest.fixture
@@ -288,6 +288,37 @@ def test_a_follower_killed_between_its_append_and_its_position_doubles_nothing(h
     assert_exactly_once(b.data_dir, bodies)
 
 
+def test_a_stopped_follower_never_holds_up_ingest_and_fails_healthz_until_it_goes_on(
+    hosts: Callable[..., Server],
+) -> None:
+    a = hosts("h1")
+    stopped = follower_pid(a)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        answer = ingest(a, body_of(1), "k1")
+        assert answer.status == 200 and time.monotonic() - began < 2.0  # the commit point is PostgreSQL
+        eventually(lambda: "the follower is not running" in str(health(a).get("reason")), 10)
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    wait_applied(1, a)
+    assert health(a)["status"] == "ok" and follower_pid(a) == stopped
+
+
+def test_a_follower_stopped_past_the_stall_timeout_is_replaced(hosts: Callable[..., Server]) -> None:
+    a = hosts("h1", "--stall-timeout", "1")
+    stopped = follower_pid(a)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        eventually(lambda: follower_pid(a) != stopped, 20)  # the parent killed it, a new one took over
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped, signal.SIGCONT)
+    assert f"the follower (pid {stopped}) stalled: it has not run for" in a.log()
+    ingest(a, body_of(1), "k1")
+    wait_applied(1, a)
+
+
 def test_a_wiped_host_catches_up_by_itself(hosts: Callable[..., Server], database: str) -> None:
     # A follower that reports position 0 and stays seen holds the whole log: the wiped host
     # needs it from position 1, and the others' retention would trim it otherwise.
@@ -438,7 +469,9 @@ def test_kill_9_of_the_primary_under_keyed_load_loses_nothing_doubles_nothing_an
         thread.start()
     rounds = max(1, round(SCALE))
     gaps = []
-    for _ in range(rounds):
+    for round_ in range(rounds):
+        if round_:
+            cluster.wait_healthy(60)  # the last victim back as a standby: one node down at a time
         time.sleep(3.0)
         acked = len(load.acks)
         victim = cluster.wait_primary(30)
@@ -449,8 +482,7 @@ def test_kill_9_of_the_primary_under_keyed_load_loses_nothing_doubles_nothing_an
         time.sleep(1.0)
         gaps.append(load.gap_after(killed, time.monotonic() - killed))
         assert acked > 0 and not load.crashes
-        cluster.restart(victim)
-        cluster.wait_healthy(60)
+        cluster.restart(victim)  # it rejoins (pg_rewind) as a standby; the next user waits for it
     load.stop.set()
     for thread in threads:
         thread.join(120)

@@ -294,8 +294,8 @@ _FLAGS: list[tuple[str, Callable[[str], object], str | None]] = [
     (
         "lock_timeout",
         _seconds,
-        "seconds a flush waits for the data dir's flush lock (another process holds it) before its requests "
-        "get 503 with Retry-After",
+        "seconds a flush waits for the data dir's flush lock (another process holds it), in cluster mode for a "
+        "PostgreSQL primary, before its requests get 503 with Retry-After",
     ),
     (
         "stall_timeout",

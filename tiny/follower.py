@@ -251,12 +251,16 @@ class Follower:
 
     def run(self, stop: Stop) -> None:
         """Follow until ``stop`` is requested (see the module docstring)."""
+        silent = False  # the last wait ended without a NOTIFY
         while not stop.requested:
             self.busy_since = time.monotonic()
             try:
                 if not self.opened:
                     self.open()
                 if self.step():
+                    if silent and self.listener is not None:
+                        self.listener.reconnect()  # work came without a NOTIFY: it may listen to a gone primary
+                    silent = False
                     self._clear()
                     continue
                 self.idle()
@@ -268,20 +272,8 @@ class Follower:
                 self.busy_since = 0.0
             if self.listener is None:
                 stop.sleep(POLL)
-            elif not self.listener.wait(POLL) and self._work_waiting(stop):
-                self.listener.reconnect()  # work came without a NOTIFY: the listener may be on a gone primary
-
-    def _work_waiting(self, stop: Stop) -> bool:
-        """After a wait that no NOTIFY ended: whether the log has batches after the position."""
-        if stop.requested:
-            return False
-        try:
-            self.busy_since = time.monotonic()
-            return self.log.head() > self.applied
-        except (CommitError, ClusterError):
-            return False
-        finally:
-            self.busy_since = 0.0
+            else:
+                silent = not self.listener.wait(POLL)
 
     def _failed(self, exc: Exception, stop: Stop) -> None:
         if isinstance(exc, LogTrimmed | Unfollowable):
@@ -295,9 +287,10 @@ class Follower:
         else:
             log.exception("the follower failed unexpectedly")
             why, pause = f"an unexpected error: {exc!r}", RETRY
-        if why != self.error:
+        first = why.splitlines()[0] if why else why
+        if first != self.error:
             log.error("follower %s cannot follow the log: %s", self.name, why)
-        self.error = why.splitlines()[0] if why else why
+        self.error = first
         self.metrics.errors.inc()
         if isinstance(exc, CommitError | Unfollowable):
             self.commit.close()  # opened again, with every check and its position read again, next turn

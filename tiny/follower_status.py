@@ -7,7 +7,9 @@ anonymous shared mapping: no file, no cleanup; tiny.heartbeat does the same for 
 The follower alone writes :class:`FollowerStatus`:
 
 - its progress, under a seqlock (a counter made odd while the fields change, even once they
-  are whole; a reader tries again until it reads the same even count before and after):
+  are whole; a reader tries again until it reads the same even count before and after, at
+  most :data:`_TRIES` times, then gives its last whole reading: never a torn one, and never a
+  wait on a writer killed in the middle of a write):
   ``applied`` (the position its files hold, committed with them: -1 until it has opened the
   data dir), ``head`` (the newest position the log had when it last looked), ``behind_since``
   (time.monotonic() since it has been behind that head; 0 when caught up), and its error
@@ -36,7 +38,7 @@ _ERROR_BYTES = 512  # the error's text, UTF-8, cut to fit, NUL-padded
 _LIFE_AT = _ERROR_AT + _ERROR_BYTES
 _LIFE = struct.Struct("<dd")  # beat, busy_since
 _SIZE = _LIFE_AT + _LIFE.size
-_TRIES = 1000  # reads of a torn seqlock before the last one is taken as it is
+_TRIES = 1000  # reads of a seqlock being written before the last whole reading is given again
 NOT_RUNNING_AFTER = 2.0  # seconds without a beat after which the follower counts as not running
 REPORTED_AFTER = 1.0  # seconds an error lasts before /healthz and the reads report it
 # Seconds at least as long as any one operation of the follower but its wait for the data dir's
@@ -78,6 +80,7 @@ class FollowerStatus:
     def __init__(self) -> None:
         self._map = mmap.mmap(-1, _SIZE)  # MAP_SHARED | MAP_ANONYMOUS, zeroed
         self._seq = 0
+        self._last = Progress(-1, 0, 0.0, "", 0.0)  # this process's last whole reading
         self._write(-1, 0, 0.0, "", 0.0)
 
     # -- the follower's side ----------------------------------------------------------------
@@ -115,14 +118,12 @@ class FollowerStatus:
     def progress(self) -> Progress:
         """The follower's progress, read whole (never waits for the writer)."""
         for _ in range(_TRIES):
-            before = struct.unpack_from("<Q", self._map, 0)[0]
-            if before & 1:
-                continue
-            _, applied, head, behind, error_since = _PROGRESS.unpack_from(self._map, 0)
+            before, applied, head, behind, error_since = _PROGRESS.unpack_from(self._map, 0)
             text = bytes(self._map[_ERROR_AT:_LIFE_AT]).rstrip(b"\0")
-            if struct.unpack_from("<Q", self._map, 0)[0] == before:
+            if not before & 1 and struct.unpack_from("<Q", self._map, 0)[0] == before:
+                self._last = Progress(applied, head, behind, text.decode("utf-8", "replace"), error_since)
                 break
-        return Progress(applied, head, behind, text.decode("utf-8", "replace"), error_since)
+        return self._last
 
     def applied(self) -> int:
         """The position the host's files hold (-1: not known yet)."""

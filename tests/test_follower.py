@@ -1,0 +1,140 @@
+"""A host's follower on a real log: the batches in order, the header once, the position with the bytes, names checked.
+
+The log is the session's PostgreSQL cluster (a fresh database per test); the batches are put
+in it with tiny.cluster.log.CommitLog, as an ingest host's sink does; the follower is
+tiny.follower.Follower on a data dir of the test's, driven a turn at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster_support import NEEDS_CLUSTER, fresh_database, on_primary, without_password
+from tiny import config, layout
+from tiny.cluster.errors import LogTrimmed
+from tiny.cluster.log import Batch, CommitLog
+from tiny.follower import MAX_FLUSH_FILES, REPORT_EVERY, Follower, Unfollowable, groups
+from tiny.testing_pg import PgCluster
+
+pytestmark = [pytest.mark.slow, NEEDS_CLUSTER, pytest.mark.timeout(240)]
+
+DAY, NEXT = "2014-05-04.csv", "2014-05-05.csv"
+
+
+@pytest.fixture
+def dsn(pg_cluster: PgCluster, tmp_path: Path) -> str:
+    pg_cluster.wait_healthy(30)
+    return without_password(pg_cluster, fresh_database(pg_cluster), tmp_path)
+
+
+@pytest.fixture
+def log(dsn: str) -> Iterator[CommitLog]:
+    opened = CommitLog(dsn)
+    opened.open()
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def follower(dsn: str, tmp_path: Path) -> Iterator[Callable[..., Follower]]:
+    made: list[Follower] = []
+
+    def make(name: str = "h1", data: str = "data") -> Follower:
+        options = config.parse(["--cluster", dsn, "--host-name", name, "--data-dir", str(tmp_path / name / data)], {})
+        one = Follower(options, listen=False)
+        made.append(one)
+        return one
+
+    yield make
+    for one in made:
+        one.close()
+
+
+def put(log: CommitLog, files: dict[str, bytes]) -> int:
+    """One flush of one append to the log, as a sink's; its position."""
+    position = log.commit([(files, None)]).position
+    assert position is not None
+    return position
+
+
+def test_the_batches_are_appended_in_order_each_day_file_opened_by_its_header(
+    log: CommitLog, follower: Callable[..., Follower]
+) -> None:
+    put(log, {DAY: b"a\n"})
+    put(log, {DAY: b"b\n", NEXT: b"c\n"})
+    put(log, {"rejects/2014-05-04.ndjson": b'{"line":1}\n', DAY: b"d\n"})
+    one = follower()
+    one.open()
+    assert one.step() and one.applied == 3
+    data = one.config.data_dir
+    assert (data / DAY).read_bytes() == layout.HEADER + b"a\nb\nd\n"
+    assert (data / NEXT).read_bytes() == layout.HEADER + b"c\n"
+    assert (data / "rejects/2014-05-04.ndjson").read_bytes() == b'{"line":1}\n'  # no header: not a day file
+    assert not one.step()
+
+
+def test_the_position_is_committed_with_the_bytes_and_reported_to_the_log(
+    log: CommitLog, follower: Callable[..., Follower], dsn: str
+) -> None:
+    for n in range(4):
+        put(log, {DAY: b"%d\n" % n})
+    one = follower()
+    one.open()
+    one.step()
+    with one.local.locked():
+        assert one.local.intent.committed_position() == 4
+    time.sleep(REPORT_EVERY)  # reports are at most once a second
+    one.idle()
+    assert on_primary(dsn, "SELECT name, applied FROM tiny.followers") == [("h1", 4)]
+    again = follower()  # the same data dir, as a restarted follower opens it
+    again.open()
+    assert again.applied == 4 and not again.step()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../escape.csv",
+        "/tmp/escape.csv",
+        "rejects/../../escape.ndjson",
+        "2014-05-04.csv/x",
+        "\u0662014-05-04.csv",
+        "x.csv",
+    ],
+)
+def test_a_batch_naming_anything_but_a_data_file_stops_the_follower_before_it_writes(
+    log: CommitLog, follower: Callable[..., Follower], name: str, tmp_path: Path
+) -> None:
+    put(log, {DAY: b"a\n"})
+    put(log, {name: b"evil\n", DAY: b"b\n"})
+    put(log, {DAY: b"c\n"})
+    one = follower()
+    one.open()
+    with pytest.raises(Unfollowable, match="at position 2 names"):
+        one.step()
+    assert one.applied == 0 and not (one.config.data_dir / DAY).exists()  # nothing of that read written
+    assert not list(tmp_path.rglob("escape*")) and not list(tmp_path.rglob("x.csv"))
+
+
+def test_a_data_dir_the_log_was_trimmed_past_is_told_which_positions_are_gone(
+    log: CommitLog, follower: Callable[..., Follower]
+) -> None:
+    for n in range(3):
+        put(log, {DAY: b"%d\n" % n})
+    log.report("h1", 3)
+    log.retain()
+    late = follower("h2")
+    late.open()
+    with pytest.raises(LogTrimmed, match="no longer holds positions 1-3"):
+        late.step()
+
+
+def test_groups_keep_each_batch_whole_within_the_files_and_bytes_of_a_flush() -> None:
+    many = {f"2014-01-{day:02d}.csv": b"x\n" for day in range(1, MAX_FLUSH_FILES + 2)}
+    batches = [Batch(1, {DAY: b"a\n"}), Batch(2, {NEXT: b"b\n"}), Batch(3, many), Batch(4, {DAY: b"c\n"})]
+    cut = groups(batches)
+    assert [[b.position for b in group] for group in cut] == [[1, 2], [3], [4]]
