@@ -11,9 +11,32 @@
 # Whichever way, the app runs with no_new_privs set (setpriv --no-new-privs): no setuid
 # program or file capability can give it privileges, also where the orchestrator does not
 # apply the compose file's `security_opt: no-new-privileges` (Swarm ignores it).
+#
+# Cluster mode (docker/hosts.yml): PG_PASSWORD_FILE names a file holding the password of the
+# PostgreSQL role in TINY_CLUSTER (a Docker secret: one line). libpq ignores a password file
+# that others may read, and a secret is mounted as its source file is (compose: the host's
+# file and mode), so this script writes it as a libpq password file, /tmp/tiny-pgpass (the
+# container's tmpfs, mode 0600, owned by the user the app runs as), and sets PGPASSFILE: the
+# password is in no environment variable and no argument.
 set -eu
 
+# PG_PASSWORD_FILE's password as a libpq password file for uid $1, gid $2.
+write_pgpass() {
+    [ -n "${PG_PASSWORD_FILE:-}" ] || return 0
+    if [ ! -r "$PG_PASSWORD_FILE" ] || [ ! -s "$PG_PASSWORD_FILE" ] || [ "$(grep -c "" "$PG_PASSWORD_FILE")" != 1 ]; then
+        echo "entrypoint: PG_PASSWORD_FILE=$PG_PASSWORD_FILE is missing, unreadable, empty or more than one line" >&2
+        exit 1
+    fi
+    pgpass=/tmp/tiny-pgpass
+    rm -f "$pgpass"
+    # any host, port, database and user: the file holds one password; '\' and ':' escaped
+    (umask 077 && { printf '*:*:*:*:'; tr -d '\n' < "$PG_PASSWORD_FILE" | sed 's/[\\:]/\\&/g'; echo; } > "$pgpass")
+    [ "$(id -u)" != 0 ] || chown "$1:$2" "$pgpass"
+    export PGPASSFILE="$pgpass"
+}
+
 if [ "$(id -u)" != 0 ]; then
+    write_pgpass "$(id -u)" "$(id -g)"
     exec setpriv --no-new-privs -- "$@"
 fi
 dir=${TINY_DATA_DIR:-/data}
@@ -27,7 +50,9 @@ if [ "$uid" = 0 ]; then
         gid=10001
     else
         echo "entrypoint: $dir belongs to root and holds files: running as root" >&2
+        write_pgpass 0 0
         exec setpriv --no-new-privs -- "$@"
     fi
 fi
+write_pgpass "$uid" "$gid"
 exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --no-new-privs -- "$@"

@@ -57,7 +57,7 @@ def _session_members(sid: int) -> list[tuple[int, str]]:
 
 def assert_json_error(status: int, headers: dict[str, str], body: bytes, expected: int) -> None:
     assert status == expected, body
-    assert headers["content-type"].startswith("application/json")
+    assert headers["content-type"] == "application/json; charset=utf-8"
     error = json.loads(body)["error"]
     assert error["status"] == expected and error["message"]
 

@@ -104,7 +104,7 @@ error_log {prefix}/error.log warn;
 events {{ worker_connections 1024; }}
 
 http {{
-    default_type application/json;
+    default_type "application/json; charset=utf-8";
     access_log off;
     client_body_temp_path {prefix}/client_body_temp;
     proxy_temp_path {prefix}/proxy_temp;
