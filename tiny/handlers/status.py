@@ -23,7 +23,11 @@ class HealthHandler(JSONHandler):
     seconds behind); and 503 also when this host cannot serve its role: an ingest host that
     reaches no primary (its last flush, or a probe of the way in, failed), or a host whose
     follower cannot follow (not running, stuck in one operation, or an error it has had for
-    a second: no primary, the log trimmed past it, a disk that refuses its files)."""
+    a second: no primary, the log trimmed past it, a disk that refuses its files).
+
+    ``"analytics"`` names what makes the reads that need the analytics pool wait or fail now or
+    lately (a job past half its deadline, a pool killed and replaced for a stuck job): reported,
+    not a 503, since ingest is not affected and a balancer must not take this instance out."""
 
     name = "healthz"
 
@@ -50,6 +54,7 @@ class HealthHandler(JSONHandler):
                     "backlog_bytes": self.deps.sink.backlog,
                     "uptime_seconds": round(time.monotonic() - self.deps.started, 3),
                     **({"cluster": cluster} if cluster is not None else {}),
+                    **({"analytics": analytics} if (analytics := self.deps.analytics.trouble()) else {}),
                 }
             )
         )
