@@ -166,7 +166,11 @@ def written_again(path: Path, body: bytes, inode: int) -> None:
             break
         others.append(made)
     else:
-        pytest.fail(f"the file system did not give inode {inode} again in 1,000 new files")
+        for made in others:
+            made.unlink()
+        # Not every file system hands a freed inode out again soon (ext4 does, others need not):
+        # the same inode with new bytes is then proved by the rewrite-in-place test above.
+        pytest.skip(f"this file system did not give inode {inode} again in 1,000 new files")
     for made in others:
         made.unlink()
 
