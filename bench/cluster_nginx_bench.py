@@ -86,9 +86,10 @@ def point(
     before, at = cpu_by_role(roles), head(dsn) if dsn else 0
     load = asyncio.run(post_load(front.url, body, args.concurrency, args.seconds, uuid.uuid4().hex[:8], False))
     after = cpu_by_role(roles)
-    rows = load["requests"] * records
+    answered = load["requests"] - load["non2xx"]  # 200s only
+    rows = answered * records
     result: dict[str, Any] = {
-        "requests_per_s": round(load["requests"] / load["seconds"], 1),
+        "requests_per_s": round(answered / load["seconds"], 1),
         "records_per_s": round(rows / load["seconds"]),
         "p50_ms": load["p50_ms"],
         "p99_ms": load["p99_ms"],
@@ -99,7 +100,7 @@ def point(
     if dsn:
         positions = head(dsn) - at
         result["positions_per_s"] = round(positions / load["seconds"], 1)
-        result["requests_per_position"] = round(load["requests"] / max(positions, 1), 2)
+        result["requests_per_position"] = round(answered / max(positions, 1), 2)
     return result
 
 

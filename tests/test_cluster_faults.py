@@ -45,6 +45,7 @@ from tests.cluster_support import (
     fresh_database,
     health,
     wait_applied,
+    wal_receiver_stopped,
     without_password,
 )
 from tests.support import body_of
@@ -65,6 +66,7 @@ MARGIN = 1.0  # seconds past the server's bound a client may see (HTTP, the code
 CATCH_UP = 60.0  # seconds every host has to apply the log's last position
 DAY = "2014-05-04.csv"
 _MAYBE = "may or may not have been written"
+_WAITING = "SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
 
 
 @pytest.fixture
@@ -154,6 +156,15 @@ class Load:
             thread.join(self.bound * 3)
         assert not any(thread.is_alive() for thread in self.threads), "a client still waits past its bound"
         assert not self.crashes, self.crashes
+
+    def guarded_send(self, batch: int, keyed: bool, host: int) -> None:
+        """:meth:`send`, with what it raises recorded as a crash (a thread's death is silent)."""
+        try:
+            self.send(batch, keyed, host)
+        except BaseException as exc:
+            with self.lock:
+                self.crashes.append(f"batch {batch}: {exc!r}")
+            raise
 
     def _client(self, client: int) -> None:
         try:
@@ -380,17 +391,28 @@ def test_a_primary_frozen_past_its_ttl_under_load_through_hosts_loses_and_double
 
 
 def test_kill_9_of_an_ingest_host_under_load_loses_and_doubles_nothing_and_it_catches_up(
-    hosts: Hosts, figures: dict[str, Any]
+    cluster: PgCluster, hosts: Hosts, figures: dict[str, Any]
 ) -> None:
-    """SIGKILL of every process of one ingest host (parent, worker, follower); clients go to
-    the other host; the host is started again on its data dir and catches up."""
+    """SIGKILL of every process of one ingest host (parent, worker, follower) while its flush
+    waits for the synchronous standby (whose WAL receiver is frozen meanwhile): the answers
+    of the requests in flight there are lost; a keyed one sent again to the other host is
+    replayed once the standby goes on, an unkeyed one stays unknown. Clients go to the other
+    host; the host is started again on its data dir and catches up."""
     a, b, c = three_hosts(hosts)
     back: list[Server] = []
     took: dict[str, float] = {}
+    in_flight: list[threading.Thread] = []
 
     def fault(load: Load) -> float:
-        killed = time.monotonic()
-        a.kill()
+        primary = cluster.wait_healthy(60)
+        with wal_receiver_stopped(cluster, str(cluster.sync_standby())):
+            for batch, keyed in ((10**7, True), (10**7 + 1, False)):  # sent to a, whatever the load does
+                in_flight.append(threading.Thread(target=load.guarded_send, args=(batch, keyed, 0), daemon=True))
+                in_flight[-1].start()
+            eventually(lambda: cluster.query(primary, _WAITING), 5)  # a flush waits for the standby
+            time.sleep(0.3)
+            killed = time.monotonic()
+            a.kill()
         time.sleep(3.0)  # down for a while: the clients find the other host
         restarted = time.monotonic()
         back.append(hosts.start("h1"))
@@ -400,14 +422,19 @@ def test_kill_9_of_an_ingest_host_under_load_loses_and_doubles_nothing_and_it_ca
         took["caught_up_s"] = time.monotonic() - restarted
         return killed
 
-    load, killed = under_load(hosts, fault, lambda: None, (a, b))
+    def heal() -> None:
+        for thread in in_flight:
+            thread.join(a_requests_bound() * 3)
+
+    load, killed = under_load(hosts, fault, heal, (a, b))
     figures.update(
         check(load, [back[0], b, c], b),
         restart_to_healthy_s=round(took["restart_s"], 2),
         restart_to_caught_up_s=round(took["caught_up_s"], 2),
         longest_without_ack_s=round(load.gap_after(killed), 2),
     )
-    assert load.answers["refused"] > 0  # the precondition: clients met the dead host
+    assert load.answers["no answer"] > 0 and load.answers["refused"] > 0  # the precondition: answers lost
+    assert 10**7 in load.acked and 10**7 + 1 in load.unknown  # the keyed one retried, the unkeyed one unknown
     assert load.gap_after(killed) <= RESUME_BOUND
 
 
