@@ -25,7 +25,18 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_support import NEEDS_CLUSTER, eventually, fresh_database, on_primary, without_password
+from tests.cluster_support import (
+    NEEDS_CLUSTER,
+    a_requests_bound,
+    applied,
+    data_files,
+    eventually,
+    fresh_database,
+    health,
+    on_primary,
+    wait_applied,
+    without_password,
+)
 from tests.conftest import SCALE
 from tests.support import assert_exactly_once, body_of
 from tiny import layout
@@ -89,32 +100,8 @@ def hosts(cluster: PgCluster, database: str, tmp_path: Path) -> Iterator[Callabl
             server.kill()
 
 
-def health(server: Server) -> dict[str, Any]:
-    return server.request("GET", "/healthz").json()  # type: ignore[no-any-return]
-
-
-def applied(server: Server) -> int:
-    return int(health(server)["cluster"]["applied"])
-
-
-def wait_applied(position: int, *servers: Server, timeout: float = 30.0) -> None:
-    for server in servers:
-        eventually(lambda server=server: applied(server) >= position, timeout)  # type: ignore[misc]
-
-
 def ingest(server: Server, body: bytes, key: str | None = None) -> Response:
     return server.ingest(body, {"Idempotency-Key": key} if key else {})
-
-
-def data_files(server: Server) -> dict[str, bytes]:
-    """Every day file and rejects file of a host's data dir: name -> bytes."""
-    assert server.data_dir is not None
-    root = server.data_dir
-    return {
-        str(path.relative_to(root)): path.read_bytes()
-        for path in sorted(root.rglob("*"))
-        if path.is_file() and layout.is_data_file(str(path.relative_to(root)))
-    }
 
 
 def follower_pid(server: Server) -> int:
@@ -517,11 +504,3 @@ def test_kill_9_of_the_primary_under_keyed_load_loses_nothing_doubles_nothing_an
     assert a.data_dir is not None and b.data_dir is not None
     assert_exactly_once(a.data_dir, load.bodies)  # every acknowledged batch once: 0 lost, 0 doubled
     assert data_files(a) == data_files(b)
-
-
-def a_requests_bound() -> float:
-    """The longest a POST may take: its wait for a primary (--lock-timeout, 5 s) and one commit
-    (tiny.cluster.log CommitLog.bound with cluster mode's timeouts, three nodes)."""
-    from tiny.commit.cluster import TIMEOUTS
-
-    return 5.0 + CommitLog("host=a,b,c", timeouts=TIMEOUTS).bound
