@@ -34,6 +34,7 @@ Both the downloads API (tiny.downloads) and the dashboard's API and charts
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import itertools
 import os
@@ -44,7 +45,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
 from tiny import layout
 from tiny.aggregates import read_generation
@@ -66,34 +67,52 @@ _LATE = 1.0  # past FOLD_SECONDS and this, the worker answers 503 itself (the po
 _stores: dict[str, Aggregates] = {}  # in a pool process: the store of each data dir
 
 
+class Query(abc.ABC):
+    """A question to the live aggregates: a frozen dataclass per kind (tiny.downloads, the CRAN
+    downloads API's; tiny.analytics.store, the dashboard's), its fields the arguments. It says
+    which days it reads and how it is answered; being frozen, it is hashable, the key of its
+    answer here and of its job in the pool, and picklable, sent to the pool as it is."""
+
+    kind: ClassVar[str]  # what it is, in messages ("the top query of 30 day(s)")
+    folds: ClassVar[bool] = True  # False: answered without folding its days first (it counts lines itself)
+
+    @property
+    @abc.abstractmethod
+    def days(self) -> list[str] | None:
+        """The days it reads, oldest first (None: all); a day of their span without a file is
+        forgotten by the store."""
+
+    @abc.abstractmethod
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        """The answer, from ``store`` folded up to ``sizes`` (the days' committed sizes), as the
+        bytes to send."""
+
+
 def fold_job(
     data_dir: str,
     sizes: dict[str, int],
     within: tuple[str, str],
-    query: tuple[Any, ...],
+    query: Query,
     seen: int,
     deadline: float,
 ) -> tuple[int, bytes]:
     """In the analytics pool: fold ``sizes`` into the store of ``data_dir`` (the days of
     ``within`` that have no file are forgotten) until ``deadline`` (time.monotonic(): one
-    clock for every process of the machine), then answer ``query``: the downloads API's
-    (tiny.downloads.answer) or the dashboard's (tiny.analytics.store.answer), as bytes, with
-    the store's generation it was read from (read before the answer: the answer is of that
-    generation or a newer one). ``seen``: the generation the worker read from the store's
-    file; when it is not the store's, the file is written again if it says another."""
-    from tiny import downloads
+    clock for every process of the machine), then answer ``query`` (:meth:`Query.answer`), as
+    bytes, with the store's generation it was read from (read before the answer: the answer is
+    of that generation or a newer one). ``seen``: the generation the worker read from the
+    store's file; when it is not the store's, the file is written again if it says another."""
     from tiny.aggregates import Aggregates, store_error
-    from tiny.analytics import store as dashboard
 
     store = _stores.get(data_dir)
     if store is None:
         store = _stores[data_dir] = Aggregates(Path(data_dir))
-    if query[0] in dashboard.UNFOLDED:  # counts lines itself: no fold of a day being written
-        return seen, dashboard.answer(store, query, sizes)
+    if not query.folds:  # counts lines itself: no fold of a day being written
+        return seen, query.answer(store, sizes)
     store.fold(sizes, within, deadline)
     try:
         generation = store.generation()
-        body = downloads.answer(store, query) if query[0] in downloads.KINDS else dashboard.answer(store, query, sizes)
+        body = query.answer(store, sizes)
     except sqlite3.Error as exc:
         raise store_error(exc) from None
     if generation != seen:
@@ -131,7 +150,7 @@ class Live:
         self.data_dir = Path(data_dir)
         self.sink = sink
         self.analytics = analytics
-        self._answers: OrderedDict[tuple[Any, ...], Answer] = OrderedDict()
+        self._answers: OrderedDict[Query, Answer] = OrderedDict()
         self._cached_bytes = 0
         self._days: tuple[int, int, list[str]] = (0, -1, [])  # (listed at, the data dir's mtime, its days)
         self._intent = str(layout.intent_path(self.data_dir))
@@ -187,10 +206,10 @@ class Live:
                 stats[day] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         return stats
 
-    async def answer(self, query: tuple[Any, ...], needed: list[str] | None) -> Answer:
-        """The answer to ``query`` (see fold_job), reading the days ``needed`` (None: all; a
-        day of their span without a file is forgotten by the store)."""
+    async def answer(self, query: Query) -> Answer:
+        """The answer to ``query`` (see fold_job), reading its days."""
         deadline = time.monotonic() + FOLD_SECONDS
+        needed = query.days
         version = self.version()
         generation = read_generation(self.data_dir)
         existing = self.days(version)
@@ -210,9 +229,9 @@ class Live:
             self._answers.move_to_end(query)
             return cached
         sizes = await self.sink.committed_sizes(days)
-        key = ("live", query, version)
+        key = (query, version)
         job = (str(self.data_dir), sizes, within, query, generation, deadline)
-        what = f"the {query[0]} query of {len(days)} day(s)"
+        what = f"the {query.kind} query of {len(days)} day(s)"
         late = asyncio.timeout(max(0.0, deadline + _LATE - time.monotonic()))
         try:
             async with late:

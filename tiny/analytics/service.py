@@ -43,7 +43,7 @@ import os
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,15 +139,33 @@ def stat_day(data_dir: Path, date: str) -> DayFile:
     return DayFile(date, str(path), st.st_size, st.st_mtime_ns)
 
 
+@dataclass(frozen=True)
+class WhaleDownloads:
+    """A query of a day's rows: one ip_id's first ``limit`` downloads (JSON)."""
+
+    ip_id: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class Detail:
+    """A query of a day's rows: the ``detail`` chart of one ip_id's downloads (SVG)."""
+
+    ip_id: int
+
+
+RowQuery = WhaleDownloads | Detail
+
+
 class _Cache:
     """Results per (day file, query), for the file's current version, LRU, at most ``limit`` bytes."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.bytes = 0
-        self._entries: OrderedDict[tuple[str, tuple[Any, ...]], tuple[tuple[int, int], Any, int]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, RowQuery], tuple[tuple[int, int], Any, int]] = OrderedDict()
 
-    def get(self, day: DayFile, query: tuple[Any, ...]) -> Any:
+    def get(self, day: DayFile, query: RowQuery) -> Any:
         key = (day.path, query)
         entry = self._entries.get(key)
         if entry is None or entry[0] != day.version:
@@ -155,7 +173,7 @@ class _Cache:
         self._entries.move_to_end(key)
         return entry[1]
 
-    def put(self, day: DayFile, query: tuple[Any, ...], result: Any, size: int) -> None:
+    def put(self, day: DayFile, query: RowQuery, result: Any, size: int) -> None:
         key = (day.path, query)
         old = self._entries.pop(key, None)
         if old is not None:
@@ -212,8 +230,8 @@ class Analytics:
         self._pools: dict[str, concurrent.futures.ProcessPoolExecutor] = {}  # lane -> its pool
         self._closed = False
         self._cache = _Cache(cache_bytes)
-        self._pending: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
-        self._reading_rows: dict[tuple[Any, ...], tuple[str, tuple[int, int]]] = {}  # pending key -> its day
+        self._pending: dict[Hashable, asyncio.Future[Any]] = {}
+        self._reading_rows: dict[Hashable, tuple[str, tuple[int, int]]] = {}  # pending key -> its day
 
     @classmethod
     def from_config(cls, config: Config) -> Analytics:
@@ -230,7 +248,7 @@ class Analytics:
         """One ip_id's downloads of the day in time order (the first ``limit``), as the JSON
         answer (serialised in the pool); WhaleNotFound if none."""
         day = stat_day(self.data_dir, date)
-        result = await self._rows(day, ("downloads", ip_id, limit), compute.downloads_job, day, ip_id, limit)
+        result = await self._rows(day, WhaleDownloads(ip_id, limit), compute.downloads_job, day, ip_id, limit)
         if result is None:
             raise WhaleNotFound(ip_id)
         return bytes(result)
@@ -238,13 +256,13 @@ class Analytics:
     async def detail(self, date: str, ip_id: int) -> bytes:
         """The ``detail`` chart of one ip_id's downloads (SVG); WhaleNotFound if none."""
         day = stat_day(self.data_dir, date)
-        svg = await self._rows(day, ("detail", ip_id), charts.detail_job, day, ip_id)
+        svg = await self._rows(day, Detail(ip_id), charts.detail_job, day, ip_id)
         if svg is None:
             raise WhaleNotFound(ip_id)
         return bytes(svg)
 
     async def call(
-        self, key: tuple[Any, ...], func: Callable[..., Any], *args: Any, what: str = "an answer from the aggregates"
+        self, key: Hashable, func: Callable[..., Any], *args: Any, what: str = "an answer from the aggregates"
     ) -> Any:
         """``func(*args)`` in the ANSWERS lane (once for all concurrent callers with the same
         ``key``): the answers from the aggregates (tiny.live). ``what`` names it in the message
@@ -328,7 +346,7 @@ class Analytics:
                 del self._pools[lane]
                 broken.shutdown(wait=False, cancel_futures=True)
 
-    async def _rows(self, day: DayFile, query: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
+    async def _rows(self, day: DayFile, query: RowQuery, func: Callable[..., Any], *args: Any) -> Any:
         """``func(*args)``, a job that reads the day's rows, in the pool, or its cached result
         for this version of the day file. Queries of a day version being read already share
         its parsed rows (the pool keeps them) and are let through; past ``row_queries``
@@ -357,7 +375,7 @@ class Analytics:
 
     async def _run(
         self,
-        key: tuple[Any, ...],
+        key: Hashable,
         store: Callable[[Any], None],
         func: Callable[..., Any],
         *args: Any,
@@ -451,7 +469,7 @@ class Analytics:
             if not job.future.done():
                 job.future.set_exception(Busy(f"{cause}: its process was killed, a new one starts"))
 
-    def _settle(self, key: tuple[Any, ...], store: Callable[[Any], None], done: asyncio.Future[Any]) -> None:
+    def _settle(self, key: Hashable, store: Callable[[Any], None], done: asyncio.Future[Any]) -> None:
         self._pending.pop(key, None)
         self._reading_rows.pop(key, None)
         if done.cancelled():

@@ -32,6 +32,7 @@ import orjson
 from tiny import layout
 from tiny.aggregates import Behind, Unavailable
 from tiny.analytics import charts, compute, service
+from tiny.analytics import store as dashboard
 from tiny.handlers.base import APIError, JSONHandler
 from tiny.sink import SinkError
 
@@ -95,12 +96,12 @@ class AnalyticsHandler(JSONHandler):
         except sqlite3.OperationalError as exc:  # the store's write lock held too long (a rebuild)
             raise APIError(503, f"the aggregate store is busy ({exc}); try again", {"Retry-After": "5"}) from None
 
-    async def aggregated(self, query: tuple[Any, ...], day: str) -> bytes:
-        """The answer to a dashboard query from the live aggregates of ``day`` (JSON or SVG);
+    async def aggregated(self, query: dashboard.OfDay) -> bytes:
+        """The answer to a dashboard query from the live aggregates of its day (JSON or SVG);
         404 when the day has no file."""
-        answer = await self.answer(self.deps.live.answer(query, [day]))
+        answer = await self.answer(self.deps.live.answer(query))
         if answer.body in (b"null", b""):
-            raise APIError(404, f"no data for day {day}")
+            raise APIError(404, f"no data for day {query.date}")
         return answer.body
 
     async def listed(self, days: list[str]) -> list[dict[str, Any]]:
@@ -109,7 +110,7 @@ class AnalyticsHandler(JSONHandler):
             return []
         # The rows of a day being written are counted from its new bytes (8 GB/s compiled): the
         # answers' lane, where a visit's first query does not wait behind another's row read.
-        answer = await self.answer(self.deps.live.answer(("days", tuple(days)), days))
+        answer = await self.answer(self.deps.live.answer(dashboard.Days(tuple(days))))
         return list(orjson.loads(answer.body))
 
     def send_json(self, body: Any) -> None:
@@ -150,7 +151,7 @@ class SummaryHandler(AnalyticsHandler):
 
     async def get(self, date: str) -> None:
         day = self.date(date)
-        self.send_body(await self.aggregated(("summary", day, self.top()), day))
+        self.send_body(await self.aggregated(dashboard.Summary(day, self.top())))
 
 
 class WhalesHandler(AnalyticsHandler):
@@ -163,7 +164,7 @@ class WhalesHandler(AnalyticsHandler):
 
     async def get(self, date: str) -> None:
         day = self.date(date)
-        self.send_body(await self.aggregated(("whales", day, self.top()), day))
+        self.send_body(await self.aggregated(dashboard.Whales(day, self.top())))
 
 
 class HourlyHandler(AnalyticsHandler):
@@ -173,7 +174,7 @@ class HourlyHandler(AnalyticsHandler):
 
     async def get(self, date: str) -> None:
         day = self.date(date)
-        self.send_body(await self.aggregated(("hourly", day, self.top()), day))
+        self.send_body(await self.aggregated(dashboard.Hourly(day, self.top())))
 
 
 class DownloadsHandler(AnalyticsHandler):
@@ -212,10 +213,10 @@ class ChartHandler(AnalyticsHandler):
         text = self.get_query_argument("ip_id", None)
         ip_id = self.ip_id(text) if text is not None else None
         if view in charts.FROM_AGGREGATES:
-            svg = await self.aggregated(("chart", view, day, top), day)
+            svg = await self.aggregated(dashboard.Chart(day, view, top))
         else:  # detail: one ip_id's downloads, from the rows
             if ip_id is None:
-                biggest = orjson.loads(await self.aggregated(("biggest", day), day))
+                biggest = orjson.loads(await self.aggregated(dashboard.Biggest(day)))
                 if biggest is None:
                     raise APIError(404, f"nobody downloaded anything on {day}")
                 ip_id = int(biggest)
