@@ -31,8 +31,8 @@ every server's cached answers: :func:`read_generation`). A day file that is not 
 (a FIFO, a device) is refused at once (:class:`NotARegularFile`), never waited on.
 
 Time. A fold with a deadline keeps to it within a step: each step (one transaction) is sized
-from how long the last ones took here, wall clock, to take about _STEP_SECONDS (at most
-_MAX_STEP bytes, which bounds memory), and no smaller than _MIN_STEP; at the deadline the
+from how long the last ones took here, wall clock, to take about FOLD_STEP_SECONDS (at most
+FOLD_MAX_STEP bytes, which bounds memory), and no smaller than FOLD_MIN_STEP (tiny.limits); at the deadline the
 fold stops and raises :class:`Behind`, which says what is left, read at that moment.
 
 Counting rows: a row is a line of the day file after its header (lines end at LF only: a
@@ -69,23 +69,16 @@ from urllib.parse import quote
 from blake3 import blake3
 
 from tiny import aggregate_sql as sql
-from tiny import codec, layout, unsynced
+from tiny import codec, layout, limits, unsynced
 from tiny.aggregate_sql import Counted
 from tiny.cranlog import read_row
 from tiny.layout import HEADER
 from tiny.transaction import immediate
 
-_EDGE = 4096  # bytes at a day file's start, and just before its counted offset, that identify it
-_FIRST_STEP = 256 * 1024  # bytes of a process's first fold step, before it has timed one
-_MIN_STEP = 64 * 1024  # longer than any CRAN row (a record's strings are at most 1,024 characters each)
-_MAX_STEP = 8 * 1024**2  # memory stays bounded on a big day
-_SETTLED_NS = 1_000_000_000  # a file unchanged this long before a check is remembered by its stat
-_SEEN_DAYS = 4096  # day files a process remembers so
-_STEP_SECONDS = 2.0  # a fold step (one transaction) aims to take this long, wall clock (8 MiB at 0.1 CPU)
-_MARGIN = 0.5  # of the time left before a deadline, the share a step is sized to (its time is a guess)
-# Bytes left up to which a Behind counts the rows left (their line ends) rather than estimating
-# them: the compiled count reads gigabytes a second, Python's about a tenth of that.
-_EXACT_LEFT = {True: 64 * 1024**2, False: 4 * 1024**2}  # (compiled codec in use) -> bytes
+# bytes at a day file's start, and just before its counted offset, that identify it (the store's
+# format: a change needs a new tiny.aggregate_sql.VERSION)
+_EDGE = 4096
+_REBUILD_STEP = limits.FOLD_MAX_STEP  # a rebuild's steps: one transaction, no deadline
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_IOERR, _SQLITE_FULL = 5, 6, 10, 13  # primary result codes
 
 
@@ -272,12 +265,14 @@ class _Pace:
 
     def step(self, deadline: float | None) -> int:
         if not self.seconds_per_byte:
-            return _FIRST_STEP
-        budget = _STEP_SECONDS if deadline is None else min(_STEP_SECONDS, _MARGIN * (deadline - time.monotonic()))
-        return int(min(_MAX_STEP, max(_MIN_STEP, budget / self.seconds_per_byte)))
+            return limits.FOLD_FIRST_STEP
+        budget = limits.FOLD_STEP_SECONDS
+        if deadline is not None:
+            budget = min(budget, limits.FOLD_MARGIN * (deadline - time.monotonic()))
+        return int(min(limits.FOLD_MAX_STEP, max(limits.FOLD_MIN_STEP, budget / self.seconds_per_byte)))
 
     def took(self, nbytes: int, seconds: float) -> None:
-        if nbytes >= _MIN_STEP:  # (a last short step would say more about its fixed costs than the bytes')
+        if nbytes >= limits.FOLD_MIN_STEP:  # (a last short step would say more about its fixed costs than the bytes')
             rate = seconds / nbytes
             self.seconds_per_byte = (self.seconds_per_byte + rate) / 2 if self.seconds_per_byte else rate
 
@@ -525,7 +520,7 @@ class Aggregates:
                 sql.forget_all(self.db)
                 for day, size in sorted(sizes.items()):
                     with self._day_file(day) as file:
-                        while file is not None and (done := self._fold_step(file, size, _MAX_STEP)) is not None:
+                        while file is not None and (done := self._fold_step(file, size, _REBUILD_STEP)) is not None:
                             folded += done.rows
                             if done.consumed >= size:
                                 break
@@ -547,10 +542,10 @@ class Aggregates:
         edge = min(consumed, _EDGE)
         if not self._same(file, row, file.read(edge, consumed - edge)):
             return None
-        if file.seen[3] <= file.opened_ns - _SETTLED_NS:
+        if file.seen[3] <= file.opened_ns - limits.SETTLED_NS:
             self._seen[file.day] = (file.seen, row)
             self._seen.move_to_end(file.day)
-            while len(self._seen) > _SEEN_DAYS:
+            while len(self._seen) > limits.SEEN_DAYS:
                 self._seen.popitem(last=False)
         return consumed
 
@@ -609,7 +604,7 @@ class Aggregates:
 
     def _behind(self, days: list[tuple[str, int]]) -> Behind | None:
         """What is left to fold of ``days``, read now; None when nothing is. The rows left are
-        counted (their line ends) when the bytes are at most _EXACT_LEFT, else estimated."""
+        counted (their line ends) when the bytes are at most limits.EXACT_LEFT_*, else estimated."""
         behind: list[tuple[str, int, int]] = []  # (day, bytes counted, size)
         for day, size in days:
             with self._day_file(day) as file:
@@ -620,7 +615,7 @@ class Aggregates:
             return None
         left = sum(size - counted for _, counted, size in behind)
         first = behind[0][0]
-        if left <= _EXACT_LEFT[codec.CODEC == "rust"]:
+        if left <= (limits.EXACT_LEFT_COMPILED if codec.CODEC == "rust" else limits.EXACT_LEFT_PYTHON):
             rows = sum(self._rows_between(day, counted, size) for day, counted, size in behind)
             return Behind(first, left, rows, True, len(behind))
         return Behind(first, left, self._rows_in(first, left), False, len(behind))

@@ -33,6 +33,7 @@ import orjson
 
 from tiny import aggregate_sql as sql
 from tiny import layout
+from tiny.limits import TRENDING_MIN, TRENDING_WEEKS
 from tiny.live import Query
 
 if TYPE_CHECKING:
@@ -41,10 +42,6 @@ if TYPE_CHECKING:
 PACKAGE = re.compile(r"[A-Za-z][A-Za-z0-9.]*\Z")  # CRAN's package names: letters, digits, dots
 SUMMARIES = {"last-day": "day", "last-week": "week", "last-month": "month", "grand-total": ""}
 SPANS = {"last-day": 0, "last-week": 6, "last-month": 29}  # the days before the last day with data
-MAX_TOP = 100  # the public service keeps the top 100 of each period: a larger count gets 100
-DEFAULT_TOP = 9  # the public service's count when none is given
-TRENDING_MIN = 1000  # downloads in the last week for a package to trend
-TRENDING_WEEKS = 24
 
 
 @dataclass(frozen=True)

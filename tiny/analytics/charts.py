@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tiny.analytics.compute import HOURS, DayFile, ranked, rows_of
+from tiny.aggregate_sql import HOURS
+from tiny.analytics.compute import DayFile, ranked, rows_of
 from tiny.analytics.names import whale_name
 from tiny.analytics.svg import Canvas, Marks, png, text_width, ticks
 from tiny.cranlog import Row

@@ -26,9 +26,10 @@ answered :class:`Busy` naming the job that was stuck (:meth:`Analytics.trouble` 
 
 Caching of the row queries. A day file only grows (the sink appends; a failed flush may cut
 it back), so ``(path, size, mtime_ns)`` names one version of it. The worker keeps the results
-computed for the current version of each file in one LRU bounded in bytes
-(``--analytics-cache-bytes``; a result is counted by the size of its JSON or SVG); a new
-version replaces them. Concurrent identical queries share one computation.
+computed for the current version of each file (a result is counted by the size of its JSON or
+SVG; a new version replaces them) in its caches' budget, :attr:`Analytics.budget`, with
+tiny.live's answers: the worker's share of ``--analytics-cache-bytes``, its pool processes
+having the rest (tiny.analytics.caches). Concurrent identical queries share one computation.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ import logging
 import os
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -51,7 +51,7 @@ from typing import Any
 
 from tiny import layout, limits
 from tiny.aggregates import check_regular
-from tiny.analytics import charts, compute, cpu
+from tiny.analytics import caches, charts, compute, cpu
 from tiny.analytics.compute import DayFile
 from tiny.config import Config
 
@@ -64,7 +64,6 @@ _TROUBLE_SECONDS = 60.0  # how long trouble() reports a pool replaced because a 
 # The lanes: each its own pool, so that an answer from the aggregates (milliseconds) never
 # waits behind a day's rows being read or a whale's detail drawn (seconds, within the quota).
 ANSWERS, ROWS = cpu.LANES
-_MISSING = object()
 
 
 class DayNotFound(LookupError):
@@ -157,36 +156,6 @@ class Detail:
 RowQuery = WhaleDownloads | Detail
 
 
-class _Cache:
-    """Results per (day file, query), for the file's current version, LRU, at most ``limit`` bytes."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.bytes = 0
-        self._entries: OrderedDict[tuple[str, RowQuery], tuple[tuple[int, int], Any, int]] = OrderedDict()
-
-    def get(self, day: DayFile, query: RowQuery) -> Any:
-        key = (day.path, query)
-        entry = self._entries.get(key)
-        if entry is None or entry[0] != day.version:
-            return _MISSING
-        self._entries.move_to_end(key)
-        return entry[1]
-
-    def put(self, day: DayFile, query: RowQuery, result: Any, size: int) -> None:
-        key = (day.path, query)
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old[2]
-        if size > self.limit:
-            return  # bigger than the whole cache: computed again when asked again
-        self._entries[key] = (day.version, result, size)
-        self.bytes += size
-        while self.bytes > self.limit:
-            _, (_, _, dropped) = self._entries.popitem(last=False)
-            self.bytes -= dropped
-
-
 def _size(result: Any) -> int:
     """What a cached result weighs: its bytes, or its JSON's (a row count: a few bytes)."""
     if isinstance(result, bytes):
@@ -229,7 +198,9 @@ class Analytics:
         self._replaced: tuple[float, str] | None = None  # (when, why) a pool was last replaced as stuck
         self._pools: dict[str, concurrent.futures.ProcessPoolExecutor] = {}  # lane -> its pool
         self._closed = False
-        self._cache = _Cache(cache_bytes)
+        worker_bytes, self._pool_cache_bytes = caches.shares(cache_bytes, 2 * processes)  # two lanes
+        self.budget = caches.Budget(worker_bytes)  # the worker's caches: these results, tiny.live's answers
+        self._cache: caches.Cache[tuple[tuple[int, int], Any]] = self.budget.cache("results of the row queries")
         self._pending: dict[Hashable, asyncio.Future[Any]] = {}
         self._reading_rows: dict[Hashable, tuple[str, tuple[int, int]]] = {}  # pending key -> its day
 
@@ -328,7 +299,7 @@ class Analytics:
                 max_workers=self.processes,
                 mp_context=cpu.ConfinedContext(cpu.CGROUP, lane, self.nice),
                 initializer=compute.pool_init,
-                initargs=(os.getpid(),),
+                initargs=(os.getpid(), self._pool_cache_bytes),
             )
             log.info(
                 "analytics pool (%s) started: %d process(es), nice %s",
@@ -337,6 +308,10 @@ class Analytics:
                 self.nice,
             )
         return pool
+
+    def _keep(self, day: DayFile, query: RowQuery, result: Any, size: int) -> None:
+        """Keep ``result`` for this version of the day file (the versions before it are replaced)."""
+        self._cache.put((day.path, query), (day.version, result), size)
 
     def _replace_broken(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
         """Forget a pool whose process died (killed, out of memory): the next query starts a new one."""
@@ -351,9 +326,9 @@ class Analytics:
         for this version of the day file. Queries of a day version being read already share
         its parsed rows (the pool keeps them) and are let through; past ``row_queries``
         distinct day versions being read at once, Busy."""
-        found = self._cache.get(day, query)
-        if found is not _MISSING:
-            return found
+        found = self._cache.get((day.path, query))
+        if isinstance(found, tuple) and found[0] == day.version:
+            return found[1]
         key = (day.path, day.version, query)
         reading = (day.path, day.version)
         if key not in self._pending and reading not in self._reading_rows.values():
@@ -365,7 +340,7 @@ class Analytics:
         if key not in self._pending:
             self._reading_rows[key] = reading  # until the computation settles (see _settle)
         try:
-            store = functools.partial(self._cache.put, day, query)
+            store = functools.partial(self._keep, day, query)
             what = f"reading the rows of {Path(day.path).name}"
             return await self._run(key, lambda result: store(result, _size(result)), func, *args, lane=ROWS, what=what)
         except Busy:

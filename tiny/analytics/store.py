@@ -12,25 +12,20 @@ an independent count of the rows). The ``traffic``, ``whales`` and ``hourly`` ch
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from tiny import aggregate_sql as sql
-from tiny import codec, layout
+from tiny import codec, layout, limits
 from tiny.aggregate_sql import HOURS
 from tiny.aggregates import Aggregates, open_regular
-from tiny.analytics import charts
+from tiny.analytics import caches, charts
+from tiny.analytics.caches import Cache
 from tiny.analytics.compute import dumps
 from tiny.analytics.names import whale_name
 from tiny.live import Query
 
 _TAIL = 256
-_COUNTED = 4096  # day files whose line count a pool process remembers
-# path -> (its inode, bytes counted, LFs in them, their last _TAIL bytes)
-_counted: dict[str, tuple[int, int, int, bytes]] = {}
-_AGGREGATES = 64  # day aggregates a pool process keeps, per version of the day in the store
-_aggregates: OrderedDict[tuple[object, ...], tuple[int, DayAggregate]] = OrderedDict()
 
 
 @dataclass(frozen=True)
@@ -207,12 +202,13 @@ def days(store: Aggregates, dates: list[str], sizes: dict[str, int]) -> list[dic
 
 def count_rows(path: str, size: int) -> int:
     """Rows (complete lines after the header) among the first ``size`` bytes of a day file."""
-    known = _counted.pop(path, None)
+    counted = _counted()
+    known = counted.get(path)
     start, lines, tail = 0, 0, b""
     fd = open_regular(path)
     try:
         inode = os.fstat(fd).st_ino
-        if known is not None and known[0] == inode and known[1] <= size:
+        if isinstance(known, tuple) and known[0] == inode and known[1] <= size:
             if os.pread(fd, len(known[3]), known[1] - len(known[3])) == known[3]:
                 start, lines, tail = known[1:]
         if codec.CODEC == "rust":  # pread and a vectorised count, the GIL released: 10x less CPU
@@ -232,10 +228,23 @@ def count_rows(path: str, size: int) -> int:
                 tail = (tail + chunk)[-_TAIL:]
     finally:
         os.close(fd)
-    _counted[path] = (inode, end, lines, tail)
-    while len(_counted) > _COUNTED:
-        del _counted[next(iter(_counted))]
+    counted.put(path, (inode, end, lines, tail), 64 + len(path) + len(tail))
     return max(lines - 1, 0)
+
+
+def _counted() -> Cache[tuple[int, int, int, bytes]]:
+    """path -> (its inode, bytes counted, LFs in them, their last _TAIL bytes)."""
+    return caches.process_budget().cache("line counts of day files", limits.COUNTED_FILES_KEPT)
+
+
+def _aggregates() -> Cache[tuple[int, DayAggregate]]:
+    """(day, the store's generation, its version in the store) -> (the top it was made for, it)."""
+    return caches.process_budget().cache("day aggregates", limits.DAY_AGGREGATES_KEPT)
+
+
+def _weight(aggregate: DayAggregate) -> int:
+    """About what ``aggregate`` weighs in memory: 64 bytes a number or string, and then some."""
+    return 64 * (len(aggregate.hourly) + 8) + sum(64 * (len(w.hourly) + 8) + len(w.name) for w in aggregate.whales)
 
 
 def day_aggregate(store: Aggregates, day: str, top: int) -> DayAggregate | None:
@@ -255,15 +264,13 @@ def day_aggregate(store: Aggregates, day: str, top: int) -> DayAggregate | None:
         if version is None:
             return None
         key = (day, store.generation(), *version)
-        cached = _aggregates.get(key)
-        if cached is not None and cached[0] >= top:
-            _aggregates.move_to_end(key)
+        kept = _aggregates()
+        cached = kept.get(key)
+        if isinstance(cached, tuple) and cached[0] >= top:
             aggregate = cached[1]
         else:
             aggregate = _day_aggregate(store, day, top)
-            _aggregates[key] = (top, aggregate)
-            while len(_aggregates) > _AGGREGATES:
-                _aggregates.popitem(last=False)
+            kept.put(key, (top, aggregate), _weight(aggregate))
     finally:
         if own:
             db.execute("COMMIT")

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from tiny import layout
+from tiny import layout, limits
 from tiny.aggregates import Behind, Unavailable
 from tiny.analytics import charts, compute, service
 from tiny.analytics import store as dashboard
@@ -37,8 +37,6 @@ from tiny.handlers.base import APIError, JSONHandler
 from tiny.sink import SinkError
 
 T = TypeVar("T")
-DEFAULT_DAYS_PAGE = 100
-MAX_DAYS_PAGE = 1000
 DATE = r"([^/]+)"  # anything up to the next slash in a URL pattern: a malformed date gets a 400, not a 404
 
 
@@ -74,7 +72,7 @@ class AnalyticsHandler(JSONHandler):
         return int(text)
 
     def top(self) -> int:
-        return self.number("top", compute.DEFAULT_TOP, compute.MAX_TOP)
+        return self.number("top", limits.WHALES_DEFAULT_TOP, limits.WHALES_MAX_TOP)
 
     def ip_id(self, text: str) -> int:
         if not re.fullmatch(r"[0-9]{1,20}", text) or not 1 <= int(text) < 2**64:
@@ -131,7 +129,7 @@ class DaysHandler(AnalyticsHandler):
     """
 
     async def get(self) -> None:
-        limit = self.number("limit", DEFAULT_DAYS_PAGE, MAX_DAYS_PAGE)
+        limit = self.number("limit", limits.DAYS_PAGE_DEFAULT, limits.DAYS_PAGE_MAX)
         after = self.get_query_argument("after", "")
         after = self.date(after) if after else ""
         live = self.deps.live
@@ -188,7 +186,7 @@ class DownloadsHandler(AnalyticsHandler):
 
     async def get(self, date: str, ip_id: str) -> None:
         day, ip = self.date(date), self.ip_id(ip_id)
-        limit = self.number("limit", compute.DEFAULT_LIMIT, compute.MAX_LIMIT)
+        limit = self.number("limit", limits.WHALE_DOWNLOADS_DEFAULT_LIMIT, limits.WHALE_DOWNLOADS_MAX_LIMIT)
         self.finish(await self.answer(self.deps.analytics.downloads(day, ip, limit)))  # JSON from the pool
 
 

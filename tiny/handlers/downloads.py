@@ -22,12 +22,10 @@ import sqlite3
 
 import orjson
 
-from tiny import badges
+from tiny import badges, limits
 from tiny.aggregates import Behind, Unavailable
 from tiny.analytics.service import Busy
 from tiny.downloads import (
-    DEFAULT_TOP,
-    MAX_TOP,
     SUMMARIES,
     Count,
     Daily,
@@ -126,15 +124,16 @@ class TopHandler(DownloadsBase):
 
 
 def top_count(text: str | None) -> int:
-    """``/top``'s count: DEFAULT_TOP for None, at most MAX_TOP; APIError 400 for anything but
+    """``/top``'s count: CRAN_DEFAULT_TOP (tiny.limits) for None, at most CRAN_MAX_TOP; APIError 400 for anything but
     ASCII digits, or 0. (Its length is bounded before ``int``: a long string of digits is
     quadratic to convert, and past 4,300 digits Python refuses it.)"""
     if text is None:
-        return DEFAULT_TOP
+        return limits.CRAN_DEFAULT_TOP
     if not _COUNT.match(text) or not text.strip("0"):
-        raise APIError(400, f"the count must be a whole number from 1 (more than {MAX_TOP} gives {MAX_TOP})")
+        most = limits.CRAN_MAX_TOP
+        raise APIError(400, f"the count must be a whole number from 1 (more than {most} gives {most})")
     digits = text.lstrip("0")
-    return MAX_TOP if len(digits) > len(str(MAX_TOP)) else min(int(digits), MAX_TOP)
+    return limits.CRAN_MAX_TOP if len(digits) > len(str(limits.CRAN_MAX_TOP)) else min(int(digits), limits.CRAN_MAX_TOP)
 
 
 class MonthlyTotalsHandler(DownloadsBase):
