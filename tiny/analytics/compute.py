@@ -9,8 +9,8 @@ Only that ip_id's rows are read: ip_id is a day file's last column, a bare integ
 of its rows ends with ``,<ip_id>`` and its LF, which a byte search finds (memchr speed: about
 10 ms for 10 MB); those lines alone are read, by the rule the aggregates count with
 (tiny.cranlog.read_row: a line that is not a row for them is not one here either), and held
-to the ip_id again. The pool process keeps the rows of its last ip_ids and file versions, at
-most ``_ROWS_CACHE_BYTES``.
+to the ip_id again. The pool process keeps the rows of its last ip_ids and file versions,
+within its caches' budget (tiny.analytics.caches): queries of the same version share them.
 
 Reading a file that is being appended to: a job reads exactly the first ``size`` bytes (the
 stat its :class:`DayFile` came from) and ignores a last line without its LF (a write in
@@ -25,27 +25,19 @@ import os
 import signal
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from tiny.analytics import caches
 from tiny.analytics.names import whale_name
 from tiny.cranlog import Row, read_row
 
-DEFAULT_TOP = 6
-MAX_TOP = 100  # whales a dashboard query may ask for (``top``)
-DEFAULT_LIMIT = 1000
-MAX_LIMIT = 100_000
-HOURS = 24
-_ROWS_CACHE_BYTES = 64 * 1024**2  # rows of ip_ids a pool process keeps (the newest always)
 _ROW_WEIGHT = 4  # a Row weighs about 4x its line
 _PARENT_POLL_SECONDS = 1.0
 _PR_SET_PDEATHSIG = 1  # prctl(2)
-
-_rows: OrderedDict[tuple[str, int, int, int], tuple[list[Row], int]] = OrderedDict()  # key -> (rows, weight)
-_rows_held = [0]  # the weights of _rows, summed
 
 
 def dumps(value: Any) -> bytes:
@@ -71,9 +63,10 @@ class DayFile:
         return (self.size, self.mtime_ns)
 
 
-def pool_init(parent: int) -> None:
+def pool_init(parent: int, cache_bytes: int) -> None:
     """Runs first in each pool process (confined already: tiny.analytics.cpu.ConfinedContext):
-    signals, and its end with its worker's.
+    signals, its end with its worker's, and its caches' budget of ``cache_bytes``
+    (tiny.analytics.caches).
 
     A worker killed with -9 cannot stop its pool. On Linux the kernel does: PR_SET_PDEATHSIG
     has it SIGKILL this process when the thread that spawned it ends, and SIGKILL reaches
@@ -83,6 +76,7 @@ def pool_init(parent: int) -> None:
     made is seen by the parent check after it. Elsewhere, a thread polls for the parent
     (a stopped process then goes once it is continued)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the worker decides
+    caches.set_process_budget(cache_bytes)
     if _kill_me_with_my_parent():
         if os.getppid() != parent:
             os._exit(0)
@@ -137,21 +131,22 @@ def lines_of(data: bytes, ip_id: int, start: int = 0) -> bytes:
 
 def rows_of(day: DayFile, ip_id: int) -> list[Row]:
     """The rows of ``ip_id`` in this version of the day file, in file order (cached)."""
+    kept = _rows_cache()
     key = (day.path, day.size, day.mtime_ns, ip_id)
-    held = _rows.get(key)
-    if held is not None:
-        _rows.move_to_end(key)
-        return held[0]
+    held = kept.get(key)
+    if isinstance(held, list):
+        return held
     data = read_complete_lines(day.path, day.size)
     mine = lines_of(data, ip_id, data.find(b"\n") + 1)  # after the header
     lines = mine.decode("utf-8", "replace").split("\n")[:-1]
     rows = [row for line in lines if (row := read_row(line)) is not None and row.ip_id == ip_id]
-    _rows[key] = (rows, len(mine) * _ROW_WEIGHT)
-    _rows_held[0] += len(mine) * _ROW_WEIGHT
-    while len(_rows) > 1 and _rows_held[0] > _ROWS_CACHE_BYTES:
-        _, (_, weight) = _rows.popitem(last=False)
-        _rows_held[0] -= weight
+    kept.put(key, rows, len(mine) * _ROW_WEIGHT)
     return rows
+
+
+def _rows_cache() -> caches.Cache[list[Row]]:
+    """The rows of the ip_ids read last, by version of their day file."""
+    return caches.process_budget().cache("rows of one ip_id")
 
 
 def ranked(values: list[str]) -> list[tuple[str, int]]:

@@ -1,87 +1,181 @@
-"""The dashboard's answers and charts from the live aggregate store (tiny.aggregates): no row is read.
+"""The dashboard's queries and their answers and charts from the live aggregate store (tiny.aggregates): no row is read.
 
-Functions of an :class:`tiny.aggregates.Aggregates` store, run in the analytics pool after
-the day was folded up to its committed size (tiny.live.fold_job). Each reads a
-day's few aggregate rows through an index: the top N whales are an index range of
+One frozen dataclass per query (:class:`tiny.live.Query`): :class:`Days`, :class:`Summary`,
+:class:`Whales`, :class:`Hourly`, :class:`Biggest` and :class:`Chart`, answered in the
+analytics pool after the day was folded up to its committed size (tiny.live.fold_job). Each
+reads a day's few aggregate rows (tiny.aggregate_sql) through an index: the top N whales are an index range of
 ``ips_by_downloads``, their hours and countries N small lookups (the tests hold the results to
 an independent count of the rows). The ``traffic``, ``whales`` and ``hourly`` charts are drawn from
-:func:`day_aggregate`'s result in the same job (tiny.analytics.charts: milliseconds).
+:func:`day_aggregate`'s :class:`DayAggregate` in the same job (tiny.analytics.charts: milliseconds).
 """
 
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
-from tiny import codec, layout
-from tiny.aggregates import IP_OFFSET, Aggregates, join_bytes, open_regular
-from tiny.analytics import charts
+from tiny import aggregate_sql as sql
+from tiny import codec, layout, limits
+from tiny.aggregate_sql import HOURS
+from tiny.aggregates import Aggregates, open_regular
+from tiny.analytics import caches, charts
+from tiny.analytics.caches import Cache
+from tiny.analytics.compute import dumps
 from tiny.analytics.names import whale_name
+from tiny.live import Query
 
-HOURS = 24
 _TAIL = 256
-_COUNTED = 4096  # day files whose line count a pool process remembers
-# path -> (its inode, bytes counted, LFs in them, their last _TAIL bytes)
-_counted: dict[str, tuple[int, int, int, bytes]] = {}
-_AGGREGATES = 64  # day aggregates a pool process keeps, per version of the day in the store
-_aggregates: OrderedDict[tuple[Any, ...], tuple[int, dict[str, Any]]] = OrderedDict()
-UNFOLDED = frozenset(("days",))  # queries answered without folding first
 
 
-def answer(store: Aggregates, query: tuple[Any, ...], sizes: dict[str, int]) -> bytes:
-    """The dashboard's answer to ``query``, as the bytes to send: JSON (``null`` when the day
-    has no file), or SVG for a chart. Queries:
-    ``("days", dates)``, ``("summary" | "whales" | "hourly", date, top)``, ``("biggest", date)``
-    (the top whale's ip_id) and ``("chart", view, date, top)`` (a view of
-    tiny.analytics.charts drawn from :func:`day_aggregate`). ``sizes``: the committed sizes
-    of the days' files."""
-    from tiny.analytics.compute import dumps
+@dataclass(frozen=True)
+class Whale:
+    """One of a day's top ip_ids: its name (tiny.analytics.names), its most frequent country
+    (None if it never had one), its downloads and bytes, and its downloads in each UTC hour."""
 
-    kind, *args = query
-    if kind == "days":
-        return dumps(days(store, list(args[0]), sizes))
-    if kind == "chart":
-        view, date, top = args
-        aggregate = day_aggregate(store, date, top)
-        return b"null" if aggregate is None else charts.render(view, date, aggregate)
-    if kind == "biggest":
-        aggregate = day_aggregate(store, args[0], 1)
-        return dumps(None if aggregate is None else (aggregate["whales"] or [{"ip_id": None}])[0]["ip_id"])
-    date, top = args
-    aggregate = day_aggregate(store, date, top)
-    if aggregate is None:
-        return b"null"
-    return dumps(_SHAPES[kind](date, top, aggregate))
+    ip_id: int
+    name: str
+    country: str | None
+    downloads: int
+    bytes: int
+    hourly: tuple[int, ...]
 
 
-def _summary(date: str, top: int, aggregate: dict[str, Any]) -> dict[str, Any]:
-    whales = aggregate["whales"]
-    hourly_whales = [sum(whale["hourly"][hour] for whale in whales) for hour in range(HOURS)]
+@dataclass(frozen=True)
+class DayAggregate:
+    """A day's totals, its downloads in each UTC hour, its distinct ip_ids, and its top whales
+    (most downloads first, ties by smaller ip_id): what the summaries and the charts are made of."""
+
+    downloads: int
+    bytes: int
+    downloaders: int
+    hourly: tuple[int, ...]
+    whales: tuple[Whale, ...]
+
+
+# -- the queries --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Days(Query):
+    """``{"date", "rows", "bytes"}`` of each of ``dates`` that has a file (:func:`days`):
+    counted from the files, not folded first."""
+
+    kind: ClassVar[str] = "days"
+    folds: ClassVar[bool] = False
+    dates: tuple[str, ...]
+
+    @property
+    def days(self) -> list[str]:
+        return list(self.dates)
+
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        return dumps(days(store, list(self.dates), sizes))
+
+
+@dataclass(frozen=True)
+class OfDay(Query):
+    """A query of one day's aggregate: ``null`` when the day has no file."""
+
+    date: str
+
+    @property
+    def days(self) -> list[str]:
+        return [self.date]
+
+
+@dataclass(frozen=True)
+class Summary(OfDay):
+    """The day's totals and its downloads per hour, of all and of the ``top`` whales."""
+
+    kind: ClassVar[str] = "summary"
+    top: int
+
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        aggregate = day_aggregate(store, self.date, self.top)
+        return b"null" if aggregate is None else dumps(_summary(self.date, self.top, aggregate))
+
+
+@dataclass(frozen=True)
+class Whales(OfDay):
+    """The ``top`` whales: ip_id, name, country, downloads, bytes."""
+
+    kind: ClassVar[str] = "whales"
+    top: int
+
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        aggregate = day_aggregate(store, self.date, self.top)
+        return b"null" if aggregate is None else dumps(_whales(self.date, self.top, aggregate))
+
+
+@dataclass(frozen=True)
+class Hourly(OfDay):
+    """The ``top`` whales with their downloads per hour."""
+
+    kind: ClassVar[str] = "hourly"
+    top: int
+
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        aggregate = day_aggregate(store, self.date, self.top)
+        return b"null" if aggregate is None else dumps(_hourly(self.date, self.top, aggregate))
+
+
+@dataclass(frozen=True)
+class Biggest(OfDay):
+    """The ip_id of the day's biggest whale (``null`` when nobody downloaded anything)."""
+
+    kind: ClassVar[str] = "biggest"
+
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        aggregate = day_aggregate(store, self.date, 1)
+        if aggregate is None:
+            return b"null"
+        return dumps(aggregate.whales[0].ip_id if aggregate.whales else None)
+
+
+@dataclass(frozen=True)
+class Chart(OfDay):
+    """A ``view`` of tiny.analytics.charts drawn from the aggregate with its ``top`` whales (SVG)."""
+
+    kind: ClassVar[str] = "chart"
+    view: str
+    top: int
+
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        aggregate = day_aggregate(store, self.date, self.top)
+        return b"null" if aggregate is None else charts.render(self.view, self.date, aggregate)
+
+
+def _summary(date: str, top: int, aggregate: DayAggregate) -> dict[str, Any]:
+    whales = aggregate.whales
+    hourly_whales = [sum(whale.hourly[hour] for whale in whales) for hour in range(HOURS)]
     return {
         "date": date,
         "top": top,
-        "downloads": aggregate["downloads"],
-        "bytes": aggregate["bytes"],
-        "downloaders": aggregate["downloaders"],
-        "whale_downloads": sum(whale["downloads"] for whale in whales),
+        "downloads": aggregate.downloads,
+        "bytes": aggregate.bytes,
+        "downloaders": aggregate.downloaders,
+        "whale_downloads": sum(whale.downloads for whale in whales),
         "hourly": [
-            {"hour": hour, "all": aggregate["hourly"][hour], "whales": hourly_whales[hour]} for hour in range(HOURS)
+            {"hour": hour, "all": aggregate.hourly[hour], "whales": hourly_whales[hour]} for hour in range(HOURS)
         ],
     }
 
 
-def _whales(date: str, top: int, aggregate: dict[str, Any]) -> dict[str, Any]:
-    fields = ("ip_id", "name", "country", "downloads", "bytes")
-    return {"date": date, "top": top, "whales": [{k: w[k] for k in fields} for w in aggregate["whales"]]}
+def _whales(date: str, top: int, aggregate: DayAggregate) -> dict[str, Any]:
+    listed = [
+        {"ip_id": w.ip_id, "name": w.name, "country": w.country, "downloads": w.downloads, "bytes": w.bytes}
+        for w in aggregate.whales
+    ]
+    return {"date": date, "top": top, "whales": listed}
 
 
-def _hourly(date: str, top: int, aggregate: dict[str, Any]) -> dict[str, Any]:
-    fields = ("ip_id", "name", "country", "downloads", "hourly")
-    return {"date": date, "top": top, "whales": [{k: w[k] for k in fields} for w in aggregate["whales"]]}
-
-
-_SHAPES = {"summary": _summary, "whales": _whales, "hourly": _hourly}
+def _hourly(date: str, top: int, aggregate: DayAggregate) -> dict[str, Any]:
+    listed = [
+        {"ip_id": w.ip_id, "name": w.name, "country": w.country, "downloads": w.downloads, "hourly": list(w.hourly)}
+        for w in aggregate.whales
+    ]
+    return {"date": date, "top": top, "whales": listed}
 
 
 def days(store: Aggregates, dates: list[str], sizes: dict[str, int]) -> list[dict[str, Any]]:
@@ -108,12 +202,13 @@ def days(store: Aggregates, dates: list[str], sizes: dict[str, int]) -> list[dic
 
 def count_rows(path: str, size: int) -> int:
     """Rows (complete lines after the header) among the first ``size`` bytes of a day file."""
-    known = _counted.pop(path, None)
+    counted = _counted()
+    known = counted.get(path)
     start, lines, tail = 0, 0, b""
     fd = open_regular(path)
     try:
         inode = os.fstat(fd).st_ino
-        if known is not None and known[0] == inode and known[1] <= size:
+        if isinstance(known, tuple) and known[0] == inode and known[1] <= size:
             if os.pread(fd, len(known[3]), known[1] - len(known[3])) == known[3]:
                 start, lines, tail = known[1:]
         if codec.CODEC == "rust":  # pread and a vectorised count, the GIL released: 10x less CPU
@@ -133,16 +228,27 @@ def count_rows(path: str, size: int) -> int:
                 tail = (tail + chunk)[-_TAIL:]
     finally:
         os.close(fd)
-    _counted[path] = (inode, end, lines, tail)
-    while len(_counted) > _COUNTED:
-        del _counted[next(iter(_counted))]
+    counted.put(path, (inode, end, lines, tail), 64 + len(path) + len(tail))
     return max(lines - 1, 0)
 
 
-def day_aggregate(store: Aggregates, day: str, top: int) -> dict[str, Any] | None:
-    """The day's totals, downloads per hour, distinct ip_ids and its ``top`` whales (most
-    downloads first, ties by smaller ip_id; country: the most frequent non-missing one, ties
-    alphabetical, None if it never had one); None when the day has no file.
+def _counted() -> Cache[tuple[int, int, int, bytes]]:
+    """path -> (its inode, bytes counted, LFs in them, their last _TAIL bytes)."""
+    return caches.process_budget().cache("line counts of day files", limits.COUNTED_FILES_KEPT)
+
+
+def _aggregates() -> Cache[tuple[int, DayAggregate]]:
+    """(day, the store's generation, its version in the store) -> (the top it was made for, it)."""
+    return caches.process_budget().cache("day aggregates", limits.DAY_AGGREGATES_KEPT)
+
+
+def _weight(aggregate: DayAggregate) -> int:
+    """About what ``aggregate`` weighs in memory: 64 bytes a number or string, and then some."""
+    return 64 * (len(aggregate.hourly) + 8) + sum(64 * (len(w.hourly) + 8) + len(w.name) for w in aggregate.whales)
+
+
+def day_aggregate(store: Aggregates, day: str, top: int) -> DayAggregate | None:
+    """The day's :class:`DayAggregate` with its ``top`` whales; None when the day has no file.
 
     Kept per version of the day in the store (the store's generation, which a rebuild raises,
     and the file counted and how far, which every fold that changes the day's counts moves):
@@ -154,60 +260,35 @@ def day_aggregate(store: Aggregates, day: str, top: int) -> dict[str, Any] | Non
     if own:
         db.execute("BEGIN")  # one snapshot: a fold by another process between two reads is not half seen
     try:
-        version = db.execute("SELECT inode, head, tail, consumed, rows FROM files WHERE day = ?", (day,)).fetchone()
+        version = sql.day_version(db, day)
         if version is None:
             return None
         key = (day, store.generation(), *version)
-        cached = _aggregates.get(key)
-        if cached is not None and cached[0] >= top:
-            _aggregates.move_to_end(key)
+        kept = _aggregates()
+        cached = kept.get(key)
+        if isinstance(cached, tuple) and cached[0] >= top:
             aggregate = cached[1]
         else:
             aggregate = _day_aggregate(store, day, top)
-            _aggregates[key] = (top, aggregate)
-            while len(_aggregates) > _AGGREGATES:
-                _aggregates.popitem(last=False)
+            kept.put(key, (top, aggregate), _weight(aggregate))
     finally:
         if own:
             db.execute("COMMIT")
-    return {**aggregate, "whales": aggregate["whales"][:top]}
+    return replace(aggregate, whales=aggregate.whales[:top])
 
 
-def _day_aggregate(store: Aggregates, day: str, top: int) -> dict[str, Any]:
+def _day_aggregate(store: Aggregates, day: str, top: int) -> DayAggregate:
     db = store.db
-    totals = db.execute("SELECT rows, bytes_hi, bytes_lo FROM files WHERE day = ?", (day,)).fetchone()
-    hourly = [0] * HOURS
-    for hour, count in db.execute("SELECT hour, downloads FROM hours WHERE day = ?", (day,)):
-        hourly[hour] = count
-    (downloaders,) = db.execute("SELECT COUNT(*) FROM ips WHERE day = ?", (day,)).fetchone()
-    ranked = db.execute(
-        "SELECT ip, downloads, bytes_hi, bytes_lo FROM ips WHERE day = ? ORDER BY downloads DESC, ip LIMIT ?",
-        (day, top),
-    ).fetchall()
-    whales = []
-    for ip, count, hi, lo in ranked:
-        whale_hours = [0] * HOURS
-        for hour, n in db.execute("SELECT hour, downloads FROM ip_hours WHERE day = ? AND ip = ?", (day, ip)):
-            whale_hours[hour] = n
-        country = db.execute(
-            "SELECT country FROM ip_countries WHERE day = ? AND ip = ? ORDER BY downloads DESC, country LIMIT 1",
-            (day, ip),
-        ).fetchone()
-        ip_id = ip + IP_OFFSET
-        whales.append(
-            {
-                "ip_id": ip_id,
-                "name": whale_name(day, ip_id),
-                "country": country[0] if country else None,
-                "downloads": count,
-                "bytes": join_bytes(hi, lo),
-                "hourly": whale_hours,
-            }
+    downloads, nbytes = sql.day_totals(db, day)
+    whales = tuple(
+        Whale(
+            ip_id,
+            whale_name(day, ip_id),
+            sql.ip_country(db, day, ip_id),
+            count,
+            size,
+            tuple(sql.ip_hourly(db, day, ip_id)),
         )
-    return {
-        "downloads": totals[0],
-        "bytes": join_bytes(totals[1], totals[2]),
-        "downloaders": downloaders,
-        "hourly": hourly,
-        "whales": whales,
-    }
+        for ip_id, count, size in sql.top_ips(db, day, top)
+    )
+    return DayAggregate(downloads, nbytes, sql.downloaders(db, day), tuple(sql.day_hourly(db, day)), whales)

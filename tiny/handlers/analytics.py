@@ -29,15 +29,14 @@ from typing import Any, TypeVar
 
 import orjson
 
-from tiny import layout
+from tiny import layout, limits
 from tiny.aggregates import Behind, Unavailable
 from tiny.analytics import charts, compute, service
+from tiny.analytics import store as dashboard
 from tiny.handlers.base import APIError, JSONHandler
 from tiny.sink import SinkError
 
 T = TypeVar("T")
-DEFAULT_DAYS_PAGE = 100
-MAX_DAYS_PAGE = 1000
 DATE = r"([^/]+)"  # anything up to the next slash in a URL pattern: a malformed date gets a 400, not a 404
 
 
@@ -73,7 +72,7 @@ class AnalyticsHandler(JSONHandler):
         return int(text)
 
     def top(self) -> int:
-        return self.number("top", compute.DEFAULT_TOP, compute.MAX_TOP)
+        return self.number("top", limits.WHALES_DEFAULT_TOP, limits.WHALES_MAX_TOP)
 
     def ip_id(self, text: str) -> int:
         if not re.fullmatch(r"[0-9]{1,20}", text) or not 1 <= int(text) < 2**64:
@@ -95,12 +94,12 @@ class AnalyticsHandler(JSONHandler):
         except sqlite3.OperationalError as exc:  # the store's write lock held too long (a rebuild)
             raise APIError(503, f"the aggregate store is busy ({exc}); try again", {"Retry-After": "5"}) from None
 
-    async def aggregated(self, query: tuple[Any, ...], day: str) -> bytes:
-        """The answer to a dashboard query from the live aggregates of ``day`` (JSON or SVG);
+    async def aggregated(self, query: dashboard.OfDay) -> bytes:
+        """The answer to a dashboard query from the live aggregates of its day (JSON or SVG);
         404 when the day has no file."""
-        answer = await self.answer(self.deps.live.answer(query, [day]))
+        answer = await self.answer(self.deps.live.answer(query))
         if answer.body in (b"null", b""):
-            raise APIError(404, f"no data for day {day}")
+            raise APIError(404, f"no data for day {query.date}")
         return answer.body
 
     async def listed(self, days: list[str]) -> list[dict[str, Any]]:
@@ -109,7 +108,7 @@ class AnalyticsHandler(JSONHandler):
             return []
         # The rows of a day being written are counted from its new bytes (8 GB/s compiled): the
         # answers' lane, where a visit's first query does not wait behind another's row read.
-        answer = await self.answer(self.deps.live.answer(("days", tuple(days)), days))
+        answer = await self.answer(self.deps.live.answer(dashboard.Days(tuple(days))))
         return list(orjson.loads(answer.body))
 
     def send_json(self, body: Any) -> None:
@@ -130,7 +129,7 @@ class DaysHandler(AnalyticsHandler):
     """
 
     async def get(self) -> None:
-        limit = self.number("limit", DEFAULT_DAYS_PAGE, MAX_DAYS_PAGE)
+        limit = self.number("limit", limits.DAYS_PAGE_DEFAULT, limits.DAYS_PAGE_MAX)
         after = self.get_query_argument("after", "")
         after = self.date(after) if after else ""
         live = self.deps.live
@@ -150,7 +149,7 @@ class SummaryHandler(AnalyticsHandler):
 
     async def get(self, date: str) -> None:
         day = self.date(date)
-        self.send_body(await self.aggregated(("summary", day, self.top()), day))
+        self.send_body(await self.aggregated(dashboard.Summary(day, self.top())))
 
 
 class WhalesHandler(AnalyticsHandler):
@@ -163,7 +162,7 @@ class WhalesHandler(AnalyticsHandler):
 
     async def get(self, date: str) -> None:
         day = self.date(date)
-        self.send_body(await self.aggregated(("whales", day, self.top()), day))
+        self.send_body(await self.aggregated(dashboard.Whales(day, self.top())))
 
 
 class HourlyHandler(AnalyticsHandler):
@@ -173,7 +172,7 @@ class HourlyHandler(AnalyticsHandler):
 
     async def get(self, date: str) -> None:
         day = self.date(date)
-        self.send_body(await self.aggregated(("hourly", day, self.top()), day))
+        self.send_body(await self.aggregated(dashboard.Hourly(day, self.top())))
 
 
 class DownloadsHandler(AnalyticsHandler):
@@ -187,7 +186,7 @@ class DownloadsHandler(AnalyticsHandler):
 
     async def get(self, date: str, ip_id: str) -> None:
         day, ip = self.date(date), self.ip_id(ip_id)
-        limit = self.number("limit", compute.DEFAULT_LIMIT, compute.MAX_LIMIT)
+        limit = self.number("limit", limits.WHALE_DOWNLOADS_DEFAULT_LIMIT, limits.WHALE_DOWNLOADS_MAX_LIMIT)
         self.finish(await self.answer(self.deps.analytics.downloads(day, ip, limit)))  # JSON from the pool
 
 
@@ -212,10 +211,10 @@ class ChartHandler(AnalyticsHandler):
         text = self.get_query_argument("ip_id", None)
         ip_id = self.ip_id(text) if text is not None else None
         if view in charts.FROM_AGGREGATES:
-            svg = await self.aggregated(("chart", view, day, top), day)
+            svg = await self.aggregated(dashboard.Chart(day, view, top))
         else:  # detail: one ip_id's downloads, from the rows
             if ip_id is None:
-                biggest = orjson.loads(await self.aggregated(("biggest", day), day))
+                biggest = orjson.loads(await self.aggregated(dashboard.Biggest(day)))
                 if biggest is None:
                     raise APIError(404, f"nobody downloaded anything on {day}")
                 ip_id = int(biggest)
