@@ -410,7 +410,7 @@ def test_kill_9_of_an_ingest_host_under_load_loses_and_doubles_nothing_and_it_ca
                 in_flight.append(threading.Thread(target=load.guarded_send, args=(batch, keyed, 0), daemon=True))
                 in_flight[-1].start()
             eventually(lambda: cluster.query(primary, _WAITING), 5)  # a flush waits for the standby
-            time.sleep(0.3)
+            time.sleep(1.0)  # the two batches reached a (a loaded machine may start a thread late)
             killed = time.monotonic()
             a.kill()
         time.sleep(3.0)  # down for a while: the clients find the other host
