@@ -12,9 +12,9 @@ Both have two Tiny workers. For each round and each body size (``--records``: th
 records of the real sample day), each arm is driven for ``--seconds`` by bench/post_load.py
 (``--concurrency`` keep-alive connections, a fresh Idempotency-Key per request), the arms'
 order reversed every other round. Per point: requests/s, p99, and CPU per record (µs) of the
-server's processes from /proc (bench/harness/proc.py): nginx, Tiny (parents, workers,
-followers), and for the cluster PostgreSQL (every process of the three nodes) and Patroni with
-etcd, apart; and, for the cluster, positions (positioned flushes, so commits of the one global
+server's processes from /proc (bench/harness/proc.py): nginx, Tiny (parents and workers), and
+for the cluster the two followers, PostgreSQL (every process of the three nodes) and Patroni
+with etcd, apart; and, for the cluster, positions (positioned flushes, so commits of the one global
 order) per second and requests per flush. Then the ratios cluster / one host per round, and
 their medians.
 
@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import http.client
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -72,7 +73,18 @@ def pg_roots(cluster: PgCluster) -> dict[str, list[int]]:
 
 
 def cpu_by_role(roles: dict[str, list[int]]) -> dict[str, float]:
-    return {role: sum(cpu_seconds(roots).values()) for role, roots in roles.items()}
+    """CPU-seconds of each role's process trees; a follower's, which its server's tree holds
+    too, counted as the follower's only."""
+    seconds = {role: sum(cpu_seconds(roots).values()) for role, roots in roles.items()}
+    if "follower" in seconds:
+        seconds["tiny"] -= seconds["follower"]
+    return seconds
+
+
+def follower_pids(hosts: list[LocalServer]) -> list[int]:
+    """The pid of each host's follower, from its log (tiny.follower's line when it starts)."""
+    found = [re.findall(r"tiny\.follower\[(\d+)\] follower \S+ of ", host.server.log()) for host in hosts]
+    return [int(pids[-1]) for pids in found if pids]
 
 
 def head(dsn: str) -> int:
@@ -124,7 +136,9 @@ def failover(cluster: PgCluster, url: str, clients: int = 4) -> dict[str, Any]:
                 conn = http.client.HTTPConnection(host, int(port), timeout=60)
                 try:
                     conn.request("POST", "/ingest", body, {"Idempotency-Key": key})
-                    status = str(conn.getresponse().status)
+                    response = conn.getresponse()
+                    status = str(response.status)
+                    response.read()
                 except (OSError, http.client.HTTPException):
                     status = "no answer"
                 finally:
@@ -144,12 +158,16 @@ def failover(cluster: PgCluster, url: str, clients: int = 4) -> dict[str, Any]:
     victim = cluster.wait_primary(30)
     killed = time.monotonic()
     cluster.kill(victim)
+    kill_took = time.monotonic() - killed
+    survived = cluster.alive(victim) or cluster.query(victim, "SELECT 1") is not None  # a kill that did not take
+    writable: set[str] = set()  # every node seen accepting writes until ingest resumed
     deadline = killed + 45
     while time.monotonic() < deadline:
-        with lock:
-            after = [t for t in acks if t > killed]
+        with lock:  # past the answers of requests in flight at the kill (no standby is promoted within 1 s)
+            after = [t for t in acks if t > killed + 1.0]
         if len(after) > 2 * clients and time.monotonic() > after[0] + 3:
             break
+        writable |= {name for name in cluster.nodes if cluster.query(name, "SELECT pg_is_in_recovery()") == [(False,)]}
         time.sleep(0.2)
     stop.set()
     for thread in threads:
@@ -162,7 +180,10 @@ def failover(cluster: PgCluster, url: str, clients: int = 4) -> dict[str, Any]:
     cluster.wait_healthy(120)
     return {
         "killed": victim,
+        "victim_survived_the_kill": survived,
+        "kill_took_s": round(kill_took, 2),
         "promoted": new,
+        "writable_meanwhile": sorted(writable),
         "seconds_without_an_ack": round(gap, 2),
         "answers": answers,
         "longest_request_s": round(longest[0], 2),
@@ -209,7 +230,7 @@ def main() -> None:
                     front.start()
                 roles = {name: front.roles() for name, front in fronts.items()}
                 roles = {name: {"tiny": r["app"], "nginx": r["nginx"]} for name, r in roles.items()}
-                roles["cluster"].update(pg_roots(cluster))
+                roles["cluster"].update(follower=follower_pids(hosts), **pg_roots(cluster))
                 for records in args.records:  # warm-up: every arm, every size, 1 s
                     body = b"".join(lines[:records])
                     for front in fronts.values():
@@ -246,7 +267,8 @@ def summarize(points: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
     nginx, and of everything with PostgreSQL), their medians, and a markdown table."""
     table = [
         "| body | cluster / one host, req/s (per round; median) | p99 ms, cluster; one host (medians) "
-        "| CPU µs per record, one host: tiny+nginx | cluster: tiny+nginx; PostgreSQL; Patroni+etcd (medians) "
+        "| CPU µs per record, one host: tiny+nginx "
+        "| cluster: tiny+nginx; followers; PostgreSQL; Patroni+etcd (medians) "
         "| cluster / one host, CPU per record incl. PostgreSQL (median) | positions/s; requests per position |",
         "|---:|:---|:---|---:|:---|:---|:---|",
     ]
@@ -278,7 +300,8 @@ def summarize(points: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
             f"({med(p['requests_per_s'] for p in cl):,.0f} vs {med(p['requests_per_s'] for p in one):,.0f}) "
             f"| {med(p['p99_ms'] for p in cl):.1f}; {med(p['p99_ms'] for p in one):.1f} "
             f"| {n(med(own(p) for p in one))} "
-            f"| {n(med(own(p) for p in cl))}; {n(med(p['cpu_us_per_record']['postgres'] for p in cl))}; "
+            f"| {n(med(own(p) for p in cl))}; {n(med(p['cpu_us_per_record']['follower'] for p in cl))}; "
+            f"{n(med(p['cpu_us_per_record']['postgres'] for p in cl))}; "
             f"{n(med(p['cpu_us_per_record']['patroni+etcd'] for p in cl))} "
             f"| {med(cpu_all):.2f} "
             f"| {med(p['positions_per_s'] for p in cl):.0f}; {med(p['requests_per_position'] for p in cl):.2f} |"

@@ -232,7 +232,9 @@ class Load:
 
 
 def wait_resumed(load: Load, moment: float) -> None:
-    """Until AFTER seconds of acknowledgements followed ``moment`` (at most RESUME_BOUND + AFTER)."""
+    """Until AFTER seconds of acknowledgements followed ``moment`` (at most RESUME_BOUND + AFTER),
+    ``moment`` being the fault's end: before it, answers to requests in flight when it began
+    may still come, and are no resumption."""
 
     def resumed() -> bool:
         with load.lock:
@@ -318,13 +320,14 @@ def under_load(
     hosts: Hosts, fault: Callable[[Load], float], heal: Callable[[], None], ingest: tuple[Server, Server]
 ) -> tuple[Load, float]:
     """The load on ``ingest``'s ports, BEFORE seconds, ``fault(load)`` (which returns the moment
-    the fault began), load until it resumed, ``heal()``; the load (finished) and the moment."""
+    the fault began, once it is over), load until ingest resumed after it, ``heal()``; the load
+    (finished) and the moment."""
     load = Load([server.port for server in ingest], a_requests_bound()).start()
     try:
         time.sleep(BEFORE)
         assert load.acked_after(0) > 0, load.answers
         moment = fault(load)
-        wait_resumed(load, moment)
+        wait_resumed(load, time.monotonic())
     finally:
         load.stop.set()
         try:
@@ -349,10 +352,10 @@ def test_kill_9_of_the_synchronous_standby_under_load_through_hosts_loses_and_do
     def fault(load: Load) -> float:
         killed = time.monotonic()
         cluster.kill(victim)
+        eventually(lambda: cluster.sync_standby() not in (None, victim), 30, pause=0.2)  # the fault's end
         return killed
 
     def heal() -> None:
-        eventually(lambda: cluster.sync_standby() not in (None, victim), 30, pause=0.2)
         cluster.restart(victim)
         cluster.wait_healthy(60)
 
@@ -410,7 +413,7 @@ def test_kill_9_of_an_ingest_host_under_load_loses_and_doubles_nothing_and_it_ca
                 in_flight.append(threading.Thread(target=load.guarded_send, args=(batch, keyed, 0), daemon=True))
                 in_flight[-1].start()
             eventually(lambda: cluster.query(primary, _WAITING), 5)  # a flush waits for the standby
-            time.sleep(0.3)
+            time.sleep(1.0)  # the two batches reached a (a loaded machine may start a thread late)
             killed = time.monotonic()
             a.kill()
         time.sleep(3.0)  # down for a while: the clients find the other host
