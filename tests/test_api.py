@@ -31,8 +31,9 @@ from typing import Any
 import pytest
 
 from tests.support import SAMPLE_DAY, Response, Server, record, sample_csv
-from tiny.analytics import compute, cpu
+from tiny.analytics import cpu
 from tiny.analytics.names import whale_name
+from tiny.analytics.rows import lines_of
 from tiny.analytics.service import Analytics, Busy
 from tiny.cranlog import iter_records
 from tiny.layout import HEADER
@@ -800,9 +801,9 @@ def test_an_ip_ids_rows_are_the_lines_whose_last_field_it_is() -> None:
         b'"2014-05-04","01:00:03",1,"3.1.0","x86_64","linux-gnu","d","1",NA,371\n',
     ]
     data = HEADER + b"".join(rows)
-    assert compute.lines_of(data, 371, len(HEADER)) == rows[0] + rows[3]
-    assert compute.lines_of(data, 37, len(HEADER)) == rows[2]
-    assert compute.lines_of(data, 1, len(HEADER)) == b""
+    assert lines_of(data, 371, len(HEADER)) == rows[0] + rows[3]
+    assert lines_of(data, 37, len(HEADER)) == rows[2]
+    assert lines_of(data, 1, len(HEADER)) == b""
 
 
 @pytest.mark.parametrize("engine", ["python", "rust"])
@@ -810,7 +811,7 @@ def test_a_day_files_rows_are_counted_on_from_the_last_count_unless_those_bytes_
     tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tiny import codec
-    from tiny.analytics import store
+    from tiny.analytics import answers
 
     if engine == "rust" and codec.CODEC != "rust":
         pytest.skip("the compiled codec is not built here")
@@ -818,16 +819,16 @@ def test_a_day_files_rows_are_counted_on_from_the_last_count_unless_those_bytes_
     path = tmp_path / "2014-05-04.csv"
     row = b'"2014-05-04","01:00:00",1,"3.1.0","x86_64","linux-gnu","a","1",NA,%d\n'
     path.write_bytes(HEADER + b"".join(row % n for n in range(3)))
-    assert store.count_rows(str(path), path.stat().st_size) == 3
+    assert answers.count_rows(str(path), path.stat().st_size) == 3
     with path.open("ab") as handle:
         handle.write(b"".join(row % n for n in range(10, 12)) + b'"2014-05-04","01:0')  # and half a row
-    assert store.count_rows(str(path), path.stat().st_size) == 5
+    assert answers.count_rows(str(path), path.stat().st_size) == 5
     # cut back below the last count and written again, differently, to a greater size
     with path.open("r+b") as handle:
         handle.truncate(len(HEADER) + len(row % 0))
         handle.seek(0, os.SEEK_END)
         handle.write(b"x" * 300 + b"\n" + b"".join(row % n for n in range(100, 104)))
-    assert store.count_rows(str(path), path.stat().st_size) == 1 + 1 + 4
+    assert answers.count_rows(str(path), path.stat().st_size) == 1 + 1 + 4
 
 
 def test_a_smaller_top_after_a_larger_one_is_its_prefix_until_the_day_changes(tmp_path: Path) -> None:

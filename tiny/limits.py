@@ -82,7 +82,7 @@ WHALE_DOWNLOADS_MAX_LIMIT = 100_000
 DAYS_PAGE_DEFAULT = 100  # days listed per page of /api/days when the query names no ``limit``
 DAYS_PAGE_MAX = 1000
 
-# -- the CRAN downloads API (tiny.downloads), as the public service -----------------------------------
+# -- the CRAN downloads API (tiny.cran_api), as the public service -----------------------------------
 CRAN_MAX_TOP = 100  # the public service keeps the top 100 of each period: a larger count gets 100
 CRAN_DEFAULT_TOP = 9  # the public service's count when none is given
 TRENDING_MIN = 1000  # downloads in the last week for a package to trend

@@ -1,7 +1,7 @@
 """Answers from the live aggregates (tiny.aggregates): the worker's side and the pool job.
 
-Both the downloads API (tiny.downloads) and the dashboard's API and charts
-(tiny.analytics.store) answer this way:
+Both the downloads API (tiny.cran_api) and the dashboard's API and charts
+(tiny.analytics.answers) answer this way:
 
 - :class:`Live`, one per worker: it notes the committed sizes of the days a query needs
   (tiny.sink.DailyFileSink.committed_sizes, under the data dir's flush lock), runs
@@ -63,8 +63,8 @@ _stores: dict[str, Aggregates] = {}  # in a pool process: the store of each data
 
 
 class Query(abc.ABC):
-    """A question to the live aggregates: a frozen dataclass per kind (tiny.downloads, the CRAN
-    downloads API's; tiny.analytics.store, the dashboard's), its fields the arguments. It says
+    """A question to the live aggregates: a frozen dataclass per kind (tiny.cran_api, the CRAN
+    downloads API's; tiny.analytics.answers, the dashboard's), its fields the arguments. It says
     which days it reads and how it is answered; being frozen, it is hashable, the key of its
     answer here and of its job in the pool, and picklable, sent to the pool as it is."""
 
@@ -118,9 +118,9 @@ def fold_job(
 def warm_job() -> None:
     """Pool job run once at a worker's start (tiny.analytics.service.Analytics.start): import
     what fold_job needs, so the first query does not wait for it."""
-    from tiny import downloads  # noqa: F401
+    from tiny import cran_api  # noqa: F401
     from tiny.aggregates import Aggregates  # noqa: F401
-    from tiny.analytics import store  # noqa: F401  (and the charts it draws)
+    from tiny.analytics import answers  # noqa: F401  (and the charts it draws)
 
 
 @dataclass(frozen=True)

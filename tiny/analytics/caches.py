@@ -9,7 +9,7 @@ kept. A cache may also bound its own entry count.
 How ``--analytics-cache-bytes`` is shared (:func:`shares`): a worker keeps half of it (the
 answers it sends: tiny.live and the row queries' results, tiny.analytics.service), and its
 pool processes the other half, in equal parts (the day aggregates and line counts,
-tiny.analytics.store; one whale's rows, tiny.analytics.compute). So the flag bounds every
+tiny.analytics.answers; one whale's rows, tiny.analytics.rows). So the flag bounds every
 analytics cache of a worker and its pool together.
 
 Not thread-safe: each process uses its caches from one thread (a worker's event loop, a
@@ -121,7 +121,7 @@ _process: list[Budget] = []  # this process's budget, once set or first asked fo
 
 def set_process_budget(limit: int) -> None:
     """Make the budget of this process's module-level caches ``limit`` bytes (a pool process's
-    share, at its start: tiny.analytics.compute.pool_init); their entries are dropped."""
+    share, at its start: tiny.analytics.pool_process.pool_init); their entries are dropped."""
     _process[:] = [Budget(limit)]
 
 
