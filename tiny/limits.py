@@ -49,9 +49,9 @@ ANALYTICS_PROCESSES = 1  # --analytics-processes
 ANALYTICS_CPU = 0.1  # --analytics-cpu: CPUs of all analytics pool processes of a server together
 ANALYTICS_ROW_QUERIES = 1  # day files whose rows are read at once per worker; another gets 503
 ANALYTICS_MAX_QUEUED = 32  # --analytics-max-queued
-# --analytics-cache-bytes: every analytics cache of a worker and its pool processes together
-# (half the worker's, half its pool processes' in equal parts: tiny.analytics.caches)
-ANALYTICS_CACHE_BYTES = 64 * MiB
+# --analytics-cache-bytes: every analytics cache of a worker and its pool processes together (a
+# quarter the worker's, a quarter its answers lane's, half its rows lane's: tiny.analytics.caches)
+ANALYTICS_CACHE_BYTES = 128 * MiB
 ANSWERS_KEPT = 1024  # answers from the aggregates a worker keeps at most (within its bytes)
 DAY_AGGREGATES_KEPT = 64  # day aggregates a pool process keeps at most, per version of the day
 COUNTED_FILES_KEPT = 4096  # day files whose line count a pool process keeps at most

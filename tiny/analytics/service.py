@@ -198,8 +198,8 @@ class Analytics:
         self._replaced: tuple[float, str] | None = None  # (when, why) a pool was last replaced as stuck
         self._pools: dict[str, concurrent.futures.ProcessPoolExecutor] = {}  # lane -> its pool
         self._closed = False
-        worker_bytes, self._pool_cache_bytes = caches.shares(cache_bytes, 2 * processes)  # two lanes
-        self.budget = caches.Budget(worker_bytes)  # the worker's caches: these results, tiny.live's answers
+        self.shares = caches.Shares.of(cache_bytes, processes)
+        self.budget = caches.Budget(self.shares.worker)  # the worker's caches: these results, tiny.live's answers
         self._cache: caches.Cache[tuple[tuple[int, int], Any]] = self.budget.cache("results of the row queries")
         self._pending: dict[Hashable, asyncio.Future[Any]] = {}
         self._reading_rows: dict[Hashable, tuple[str, tuple[int, int]]] = {}  # pending key -> its day
@@ -299,7 +299,7 @@ class Analytics:
                 max_workers=self.processes,
                 mp_context=cpu.ConfinedContext(cpu.CGROUP, lane, self.nice),
                 initializer=pool_process.pool_init,
-                initargs=(os.getpid(), self._pool_cache_bytes),
+                initargs=(os.getpid(), self.shares.rows_process if lane == ROWS else self.shares.answers_process),
             )
             log.info(
                 "analytics pool (%s) started: %d process(es), nice %s",
