@@ -369,6 +369,7 @@ class InProcessServer:
         from tiny import config
 
         self.config = config.parse(["--data-dir", str(data_dir), "--processes", "1", *args], env or {})
+        self.data_dir = self.config.data_dir
         self.port = 0
         self._loop: Any = None
         self._thread: Any = None
