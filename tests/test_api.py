@@ -37,7 +37,6 @@ import pytest
 from tests.support import SAMPLE_DAY, Response, Server, record, sample_csv
 from tiny.analytics import cpu
 from tiny.analytics.names import whale_name
-from tiny.analytics.rows import lines_of
 from tiny.analytics.service import Analytics, Busy
 from tiny.cranlog import iter_records
 from tiny.layout import HEADER
@@ -805,46 +804,6 @@ def test_an_answer_is_kept_while_other_days_are_written(tmp_path: Path) -> None:
         finally:
             os.kill(pool, signal.SIGCONT)
         assert ok(running, "/api/days/2014-05-21/summary")["downloads"] == 2
-
-
-def test_an_ip_ids_rows_are_the_lines_whose_last_field_it_is() -> None:
-    """One whale's rows are found by a byte search for ",<ip_id>" at a line's end: never an
-    ip_id that ends with its digits, a string holding them, or the header."""
-    rows = [
-        b'"2014-05-04","01:00:00",1,"3.1.0","x86_64","linux-gnu","a","1",NA,371\n',
-        b'"2014-05-04","01:00:01",1,"3.1.0","x86_64","linux-gnu","b","1",NA,1371\n',
-        b'"2014-05-04","01:00:02",1,"3.1.0","x86_64","linux-gnu","c,371","1",NA,37\n',
-        b'"2014-05-04","01:00:03",1,"3.1.0","x86_64","linux-gnu","d","1",NA,371\n',
-    ]
-    data = HEADER + b"".join(rows)
-    assert lines_of(data, 371, len(HEADER)) == rows[0] + rows[3]
-    assert lines_of(data, 37, len(HEADER)) == rows[2]
-    assert lines_of(data, 1, len(HEADER)) == b""
-
-
-@pytest.mark.parametrize("engine", ["python", "rust"])
-def test_a_day_files_rows_are_counted_on_from_the_last_count_unless_those_bytes_changed(
-    tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from tiny import codec
-    from tiny.analytics import answers
-
-    if engine == "rust" and codec.CODEC != "rust":
-        pytest.skip("the compiled codec is not built here")
-    monkeypatch.setattr(codec, "CODEC", engine)
-    path = tmp_path / "2014-05-04.csv"
-    row = b'"2014-05-04","01:00:00",1,"3.1.0","x86_64","linux-gnu","a","1",NA,%d\n'
-    path.write_bytes(HEADER + b"".join(row % n for n in range(3)))
-    assert answers.count_rows(str(path), path.stat().st_size) == 3
-    with path.open("ab") as handle:
-        handle.write(b"".join(row % n for n in range(10, 12)) + b'"2014-05-04","01:0')  # and half a row
-    assert answers.count_rows(str(path), path.stat().st_size) == 5
-    # cut back below the last count and written again, differently, to a greater size
-    with path.open("r+b") as handle:
-        handle.truncate(len(HEADER) + len(row % 0))
-        handle.seek(0, os.SEEK_END)
-        handle.write(b"x" * 300 + b"\n" + b"".join(row % n for n in range(100, 104)))
-    assert answers.count_rows(str(path), path.stat().st_size) == 1 + 1 + 4
 
 
 def test_a_smaller_top_after_a_larger_one_is_its_prefix_until_the_day_changes(tmp_path: Path) -> None:
