@@ -50,7 +50,7 @@ Served = Server | InProcessServer
 
 @dataclass
 class Truth:
-    """The sample day, counted in this process without polars or the server."""
+    """The sample day, counted in this process by tiny.cranlog.iter_records, apart from the server."""
 
     rows: int = 0
     bytes: int = 0
@@ -370,7 +370,7 @@ def test_a_row_being_written_is_not_counted_until_complete(server: InProcessServ
 @pytest.mark.parametrize("day, odd", [("2014-05-08", "NA"), ("2014-05-11", 'a,"b"')])
 def test_quoted_na_is_a_string_and_bare_na_is_missing(server: InProcessServer, day: str, odd: str) -> None:
     """Namibia's country code is "NA", a bare NA is a missing value; also when a string holds a comma
-    (2014-05-11: the file is then parsed by the exact parser instead of polars)."""
+    (2014-05-11: a quoted comma, which a split on commas would take for a field's end)."""
     path = server.data_dir / f"{day}.csv"
     quoted = '"' + odd.replace('"', '""') + '"'
     rows = [_row(1, country="NA"), _row(1, country="NA"), _row(2).replace(b'"caret"', quoted.encode())]
@@ -586,7 +586,8 @@ def test_byte_totals_are_exact_past_2_to_the_64(tmp_path: Path) -> None:
 @pytest.mark.hardening("around 2: the analytics cache was bounded by entry count, not bytes")
 def test_the_analytics_cache_is_bounded_in_bytes(tmp_path: Path, truth: Truth, figures: dict[str, Any]) -> None:
     """64 distinct big downloads answers of the sample day's biggest whale: the worker keeps at
-    most its share of --analytics-cache-bytes of them (before: every answer, as Python objects, ~10x its JSON)."""
+    most its share of --analytics-cache-bytes of them (a cache bounded by entry count would keep
+    every one, as Python objects, ~10x its JSON)."""
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / f"{DAY}.csv").write_bytes(sample_csv())
     whale = truth.ranked(1)[0]
