@@ -931,3 +931,31 @@ def _state(pid: int) -> str:
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs or is stopped (a zombie waiting to be reaped is dead)."""
     return _state(pid) not in ("", "Z", "X")
+
+
+def test_a_day_still_being_counted_is_a_503_whose_body_says_what_is_left(tmp_path: Path) -> None:
+    """The sample day never counted and no time to count it (the worker's fold bound at 0 s):
+    the 503 carries what is left as figures, ``counting``, beside its message, on the
+    dashboard's API and on the CRAN API alike."""
+    from tiny import codec
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / f"{DAY}.csv").write_bytes(sample_csv())
+    size = (data / f"{DAY}.csv").stat().st_size
+    with InProcessServer(data, "--public-downloads") as running:
+        running.deps.live.fold_seconds = 0.0
+        for path in (f"/api/days/{DAY}/summary", f"/downloads/total/{DAY}"):
+            response = get(running, path)
+            assert response.status == 503 and response.headers["retry-after"] == "5", response.body
+            body = response.json()["error"]
+            assert set(body) == {"status", "message", "counting"} and body["status"] == 503
+            assert body["message"].startswith(f"the aggregates of {DAY} are catching up")
+            counting = body["counting"]
+            assert counting["day"] == DAY and 0 < counting["bytes_left"] <= size
+            if codec.CODEC == "rust":  # counted exactly (below 64 MiB left); the Python codec estimates or says none
+                assert counting["rows_left"] == 77_107 or counting["bytes_left"] < size
+            else:
+                assert counting["rows_left"] is None or counting["rows_left"] > 0
+        running.deps.live.fold_seconds = 60.0
+        assert ok(running, f"/api/days/{DAY}/summary")["downloads"] == 77_107

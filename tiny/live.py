@@ -141,8 +141,11 @@ def etag_of(body: bytes) -> str:
 class Live:
     """The answers from the aggregates, for one worker: see the module docstring."""
 
-    def __init__(self, data_dir: Path, sink: DailyFileSink, analytics: Analytics) -> None:
+    def __init__(
+        self, data_dir: Path, sink: DailyFileSink, analytics: Analytics, fold_seconds: float = limits.FOLD_SECONDS
+    ) -> None:
         self.data_dir = Path(data_dir)
+        self.fold_seconds = fold_seconds  # a query is answered within this long or gets Behind
         self.sink = sink
         self.analytics = analytics
         self._answers: Cache[Answer] = analytics.budget.cache("answers from the aggregates", limits.ANSWERS_KEPT)
@@ -202,7 +205,7 @@ class Live:
 
     async def answer(self, query: Query) -> Answer:
         """The answer to ``query`` (see fold_job), reading its days."""
-        deadline = time.monotonic() + limits.FOLD_SECONDS
+        deadline = time.monotonic() + self.fold_seconds
         needed = query.days
         version = self.version()
         generation = read_generation(self.data_dir)
@@ -235,7 +238,7 @@ class Live:
             from tiny.analytics.service import Busy
 
             raise Busy(
-                f"the analytics process has not answered within {limits.FOLD_SECONDS + limits.LATE_SECONDS:.0f} s "
+                f"the analytics process has not answered within {self.fold_seconds + limits.LATE_SECONDS:.0f} s "
                 "(still counting new rows for the queries ahead of this one)"
             ) from None
         answer = Answer(bytes(body), (read_from, *version))

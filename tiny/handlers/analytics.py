@@ -88,7 +88,9 @@ class AnalyticsHandler(JSONHandler):
             raise APIError(404, f"ip_id {exc.args[0]} downloaded nothing that day") from None
         except service.Busy as exc:
             raise APIError(503, f"analytics are busy: {exc}; try again", {"Retry-After": "1"}) from None
-        except (SinkError, Behind, Unavailable) as exc:
+        except Behind as exc:  # the figures of what is left, for the page to show
+            raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}, {"counting": exc.counting()}) from None
+        except (SinkError, Unavailable) as exc:
             raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}) from None
         except sqlite3.OperationalError as exc:  # the store's write lock held too long (a rebuild)
             raise APIError(503, f"the aggregate store is busy ({exc}); try again", {"Retry-After": "5"}) from None

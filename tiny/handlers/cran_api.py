@@ -66,7 +66,9 @@ class DownloadsBase(JSONHandler):
     async def answer(self, query: Query) -> Answer:
         try:
             return await self.deps.live.answer(query)
-        except (SinkError, Behind, Unavailable) as exc:
+        except Behind as exc:
+            raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}, {"counting": exc.counting()}) from None
+        except (SinkError, Unavailable) as exc:
             raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}) from None
         except Busy as exc:
             raise APIError(503, f"{exc}; try again", {"Retry-After": "1"}) from None
