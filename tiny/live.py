@@ -1,8 +1,10 @@
-"""Answers from the live aggregates (tiny.aggregates): the worker's side and the pool job.
+"""Answers from the live aggregates (tiny.aggregates): the typed query, the worker's side and the pool job.
 
 Both the downloads API (tiny.cran_api) and the dashboard's API and charts
 (tiny.analytics.answers) answer this way:
 
+- :class:`Query`: what each of them asks, one frozen dataclass per kind, with the days it
+  reads and how it is answered; the key of its answer here and of its job in the pool.
 - :class:`Live`, one per worker: it notes the committed sizes of the days a query needs
   (tiny.sink.DailyFileSink.committed_sizes, under the data dir's flush lock), runs
   :func:`fold_job` in the worker's analytics pool, and keeps the answer until the files it
@@ -22,8 +24,8 @@ Both the downloads API (tiny.cran_api) and the dashboard's API and charts
   every kept answer at the next query (one more small read).
 - :func:`fold_job`, in the pool: fold the days up to those sizes (read your writes: an answer
   given after a POST's 200 counts its rows), then answer from the store. A query that cannot
-  be brought up to date within FOLD_SECONDS (tiny.limits) of its arrival (rows arrive in that day faster
-  than the analytics CPU quota counts them, or its job waited its turn in the pool) stops
+  be brought up to date within FOLD_SECONDS (tiny.limits) of its arrival (rows arrive in that
+  day faster than the analytics CPU quota counts them, or its job waited its turn in the pool) stops
   there, keeping what it counted, and gets :class:`tiny.aggregates.Behind`: a 503 that says
   what is left, read at that moment. A pool that has not answered LATE_SECONDS after that (its
   process still starting, or busy with the queries ahead of this one) gets the query a
