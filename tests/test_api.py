@@ -409,7 +409,12 @@ def _ingest_beside(server: Served, paths: list[str]) -> None:
         busy = time.monotonic() - started
         for read in reads:
             answer = read.result()
-            assert answer.status == 200 or (answer.status == 503 and b"catching up" in answer.body), answer.body
+            # A read the pool could not serve in time is refused with its reason and a Retry-After
+            # ("catching up", or "busy" on a machine too loaded to start it): the point is ingest.
+            refused = answer.status == 503 and "retry-after" in answer.headers
+            assert answer.status == 200 or (refused and (b"catching up" in answer.body or b"busy" in answer.body)), (
+                answer.body
+            )
     assert busy > 0.5 and latencies, busy
     assert max(latencies) < 0.5, f"ingest took {max(latencies):.3f} s while analytics ran for {busy:.2f} s"
 

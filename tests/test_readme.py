@@ -255,6 +255,21 @@ def test_the_user_documents_are_not_dated_by_rounds_of_work(document: Path) -> N
     assert not _DATED.findall(document.read_text())
 
 
+def test_every_metric_the_server_exports_is_named_in_the_readme() -> None:
+    """The /metrics row lists what tiny/metrics.py registers (counters with their ``_total``)."""
+    source = (ROOT / "tiny" / "metrics.py").read_text()
+    registered = re.findall(r'(Counter|Gauge|Histogram)\(\s*"(tiny_\w+)"', source)
+    registered += [("Gauge", name) for name in re.findall(r'gauge\(\s*"(tiny_\w+)"', source)]
+    assert len(registered) >= 15, registered  # the pattern still finds the registrations
+    readme = (ROOT / "README.md").read_text()
+    missing = [
+        name + ("_total" if kind == "Counter" else "")
+        for kind, name in registered
+        if f"`{name}{'_total' if kind == 'Counter' else ''}" not in readme
+    ]
+    assert not missing, f"README's /metrics row does not name {missing}"
+
+
 _TIMES = re.compile(r"^\| (tests/test_\w+\.py) \| ([\d,]+) \|$", re.MULTILINE)
 _TIMES_TOTAL = re.compile(r"^\| every file, [\d,]+ tests \| ([\d,]+) ", re.MULTILINE)
 
