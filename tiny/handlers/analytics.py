@@ -16,7 +16,9 @@ Errors use the JSON shape of tiny.handlers.base: 400 bad date / ``top`` / ``limi
 ``ip_id``, 401 token, 404 no such day (or ip_id on that day, or chart), 405 other methods,
 503 + Retry-After when too many analytics queries are queued, a query that reads rows is already running in this
 process, the data dir's lock or the store is busy, the analytics process died (it is
-restarted on the next query) or the server is shutting down.
+restarted on the next query) or the server is shutting down; and while the day is still
+being counted, with what is left beside the message: ``"counting": {"day", "rows_left",
+"bytes_left"}`` (tiny.aggregates.Behind.counting).
 """
 
 from __future__ import annotations
