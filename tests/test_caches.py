@@ -49,10 +49,11 @@ def test_putting_a_key_again_replaces_its_weight() -> None:
     assert kept.get("k") == 2 and budget.used == 30 and kept.weight() == 30
 
 
-def test_the_flag_is_shared_half_by_the_worker_and_half_by_its_pool_processes() -> None:
-    assert caches.shares(64 * 1024**2, 2) == (32 * 1024**2, 16 * 1024**2)
-    worker, each = caches.shares(1000, 4)
-    assert worker + 4 * each <= 1000
+def test_the_flag_is_shared_by_the_worker_and_the_processes_of_its_pools_two_lanes() -> None:
+    assert caches.Shares.of(128 * 1024**2, 1) == caches.Shares(32 * 1024**2, 32 * 1024**2, 64 * 1024**2)
+    for total, processes in ((1000, 3), (128 * 1024**2, 4), (7, 1)):
+        shares = caches.Shares.of(total, processes)
+        assert shares.worker + processes * (shares.answers_process + shares.rows_process) <= total
 
 
 @pytest.fixture
@@ -66,8 +67,8 @@ def server(tmp_path: Path) -> Iterator[InProcessServer]:
 
 def test_the_flag_bounds_every_analytics_cache_of_a_worker_and_its_pool_together(server: InProcessServer) -> None:
     """Many distinct answers and a whale's rows, far more than 1 MiB: the worker's caches (tiny.live's
-    answers and the row queries' results) hold at most its half, each pool process its share of
-    the rest, and the shares add up to no more than the flag."""
+    answers and the row queries' results) hold at most its share, the answers lane's process its
+    own, and the shares add up to no more than the flag."""
     whales = server.request("GET", f"/api/days/{DAY}/whales?top=100").json()["whales"]
     sent = 0
     for top in range(1, 101):
@@ -83,9 +84,9 @@ def test_the_flag_bounds_every_analytics_cache_of_a_worker_and_its_pool_together
     assert sent > 2 * 1024**2  # the answers together are far more than the whole budget
     analytics = server.deps.analytics
     worker = analytics.budget
-    assert worker.limit == 512 * 1024 and 0 < worker.used <= worker.limit
+    assert worker.limit == 256 * 1024 and 0 < worker.used <= worker.limit
     assert {cache.name for cache in worker.caches()} == {"answers from the aggregates", "results of the row queries"}
     limit, used, weights = server.call(lambda: analytics.call("test: the pool's caches", caches.report))
-    assert limit == 256 * 1024 and 0 < used <= limit  # 512 KiB between the two lanes' one process each
+    assert limit == analytics.shares.answers_process == 256 * 1024 and 0 < used <= limit
     assert "day aggregates" in weights and sum(weights.values()) == used
-    assert worker.limit + 2 * limit == 1024**2
+    assert worker.limit + limit + analytics.shares.rows_process == 1024**2

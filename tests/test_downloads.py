@@ -1,4 +1,4 @@
-"""The downloads API (tiny.downloads, tiny.handlers.downloads) and its store (tiny.aggregates).
+"""The downloads API (tiny.cran_api, tiny.handlers.cran_api) and its store (tiny.aggregates).
 
 Every count is checked against a count made here of the same rows (collections.Counter over
 tiny.cranlog.iter_records of the sample day, and of a second day made from it: every third
@@ -30,9 +30,9 @@ from hypothesis import strategies as st
 from tests.support import ROOT, SAMPLE_DAY, Server, package_counts, record, sample_csv, second_day_csv
 from tiny import aggregate_sql, aggregates, badges, codec
 from tiny.aggregates import Aggregates
-from tiny.analytics import store as dashboard
+from tiny.analytics import answers
+from tiny.cran_api import Period, parse_packages, parse_period
 from tiny.cranlog import iter_records
-from tiny.downloads import Period, parse_packages, parse_period
 from tiny.layout import HEADER
 from tiny.testing import InProcessServer, server_env
 
@@ -200,7 +200,7 @@ def test_ip_ids_and_sizes_up_to_2_to_the_64_neither_break_nor_skew_the_counts(tm
     assert store.fold(sizes_of(tmp_path)) == 4
     append_rows(path, [row])  # a second fold adds to the stored sums
     assert store.fold(sizes_of(tmp_path)) == 1
-    top = dashboard.day_aggregate(store, DAY, 2)
+    top = answers.day_aggregate(store, DAY, 2)
     assert top is not None
     assert top.bytes == 4 * biggest + 1000 and top.downloads == 5
     whales = [(w.ip_id, w.downloads, w.bytes) for w in top.whales]

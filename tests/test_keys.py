@@ -80,7 +80,7 @@ def test_a_key_stored_within_the_window_is_answered_from_what_it_stored(tmp_path
 @pytest.mark.hardening("exactly once 11: expiring 198k keys stalled one flush 445 ms and grew the -wal to 44 MB")
 def test_a_flush_expires_at_most_twice_its_keys_plus_eight_of_a_backlog(tmp_path: Path) -> None:
     """5,000 keys past the window (a data dir idle for a day): no flush pays for all of them
-    (the old tree deleted 198k in one flush, 445 ms, and the -wal grew to 44 MB)."""
+    (198k deleted in one flush took 445 ms, and grew the -wal to 44 MB)."""
     journal = opened(tmp_path, window=3600)
     stale = time.time() - 7200
     with journal.locked():

@@ -268,3 +268,17 @@ def test_every_metric_the_server_exports_is_named_in_the_readme() -> None:
         if f"`{name}{'_total' if kind == 'Counter' else ''}" not in readme
     ]
     assert not missing, f"README's /metrics row does not name {missing}"
+
+
+_TIMES = re.compile(r"^\| (tests/test_\w+\.py) \| ([\d,]+) \|$", re.MULTILINE)
+_TIMES_TOTAL = re.compile(r"^\| every file, [\d,]+ tests \| ([\d,]+) ", re.MULTILINE)
+
+
+def test_the_per_file_test_times_name_files_of_the_suite_slowest_first_within_their_total() -> None:
+    text = README.read_text()
+    rows = [(name, int(seconds.replace(",", ""))) for name, seconds in _TIMES.findall(text)]
+    total = _TIMES_TOTAL.search(text)
+    assert rows and total, "README's Tests section has no per-file times"
+    assert all((ROOT / name).is_file() for name, _ in rows), [name for name, _ in rows if not (ROOT / name).is_file()]
+    assert [seconds for _, seconds in rows] == sorted((seconds for _, seconds in rows), reverse=True)
+    assert sum(seconds for _, seconds in rows) <= int(total.group(1).replace(",", ""))

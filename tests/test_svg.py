@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from tiny.analytics import charts
-from tiny.analytics.store import DayAggregate, Whale
+from tiny.analytics.answers import DayAggregate, Whale
 from tiny.analytics.svg import Canvas, Marks, escape, png, text_width, ticks
 from tiny.cranlog import Row
 

@@ -101,6 +101,11 @@ class Behind(RuntimeError):
         super().__init__(day, left, rows, exact, days)
         self.day, self.left, self.rows, self.exact, self.days = day, left, rows, exact, days
 
+    def counting(self) -> dict[str, str | int | None]:
+        """What is left, for a client to show: ``{"day", "rows_left", "bytes_left"}`` (the
+        rows None when not said)."""
+        return {"day": self.day, "rows_left": self.rows, "bytes_left": self.left}
+
     def __str__(self) -> str:
         which = self.day if self.days == 1 else f"{self.day} and {self.days - 1} more day(s)"
         if self.rows is None:

@@ -280,7 +280,7 @@ _FLAGS: list[tuple[str, Callable[[str], object], str | None]] = [
     (
         "analytics_cache_bytes",
         _size,
-        "every analytics cache of a worker and its pool processes together, in bytes (or 64MiB)",
+        "every analytics cache of a worker and its pool processes together, in bytes (or 128MiB)",
     ),
     (
         "read_rate",

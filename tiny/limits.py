@@ -49,9 +49,9 @@ ANALYTICS_PROCESSES = 1  # --analytics-processes
 ANALYTICS_CPU = 0.1  # --analytics-cpu: CPUs of all analytics pool processes of a server together
 ANALYTICS_ROW_QUERIES = 1  # day files whose rows are read at once per worker; another gets 503
 ANALYTICS_MAX_QUEUED = 32  # --analytics-max-queued
-# --analytics-cache-bytes: every analytics cache of a worker and its pool processes together
-# (half the worker's, half its pool processes' in equal parts: tiny.analytics.caches)
-ANALYTICS_CACHE_BYTES = 64 * MiB
+# --analytics-cache-bytes: every analytics cache of a worker and its pool processes together (a
+# quarter the worker's, a quarter its answers lane's, half its rows lane's: tiny.analytics.caches)
+ANALYTICS_CACHE_BYTES = 128 * MiB
 ANSWERS_KEPT = 1024  # answers from the aggregates a worker keeps at most (within its bytes)
 DAY_AGGREGATES_KEPT = 64  # day aggregates a pool process keeps at most, per version of the day
 COUNTED_FILES_KEPT = 4096  # day files whose line count a pool process keeps at most
@@ -82,7 +82,7 @@ WHALE_DOWNLOADS_MAX_LIMIT = 100_000
 DAYS_PAGE_DEFAULT = 100  # days listed per page of /api/days when the query names no ``limit``
 DAYS_PAGE_MAX = 1000
 
-# -- the CRAN downloads API (tiny.downloads), as the public service -----------------------------------
+# -- the CRAN downloads API (tiny.cran_api), as the public service -----------------------------------
 CRAN_MAX_TOP = 100  # the public service keeps the top 100 of each period: a larger count gets 100
 CRAN_DEFAULT_TOP = 9  # the public service's count when none is given
 TRENDING_MIN = 1000  # downloads in the last week for a package to trend

@@ -1,8 +1,10 @@
-"""Answers from the live aggregates (tiny.aggregates): the worker's side and the pool job.
+"""Answers from the live aggregates (tiny.aggregates): the typed query, the worker's side and the pool job.
 
-Both the downloads API (tiny.downloads) and the dashboard's API and charts
-(tiny.analytics.store) answer this way:
+Both the downloads API (tiny.cran_api) and the dashboard's API and charts
+(tiny.analytics.answers) answer this way:
 
+- :class:`Query`: what each of them asks, one frozen dataclass per kind, with the days it
+  reads and how it is answered; the key of its answer here and of its job in the pool.
 - :class:`Live`, one per worker: it notes the committed sizes of the days a query needs
   (tiny.sink.DailyFileSink.committed_sizes, under the data dir's flush lock), runs
   :func:`fold_job` in the worker's analytics pool, and keeps the answer until the files it
@@ -22,8 +24,8 @@ Both the downloads API (tiny.downloads) and the dashboard's API and charts
   every kept answer at the next query (one more small read).
 - :func:`fold_job`, in the pool: fold the days up to those sizes (read your writes: an answer
   given after a POST's 200 counts its rows), then answer from the store. A query that cannot
-  be brought up to date within FOLD_SECONDS (tiny.limits) of its arrival (rows arrive in that day faster
-  than the analytics CPU quota counts them, or its job waited its turn in the pool) stops
+  be brought up to date within FOLD_SECONDS (tiny.limits) of its arrival (rows arrive in that
+  day faster than the analytics CPU quota counts them, or its job waited its turn in the pool) stops
   there, keeping what it counted, and gets :class:`tiny.aggregates.Behind`: a 503 that says
   what is left, read at that moment. A pool that has not answered LATE_SECONDS after that (its
   process still starting, or busy with the queries ahead of this one) gets the query a
@@ -63,8 +65,8 @@ _stores: dict[str, Aggregates] = {}  # in a pool process: the store of each data
 
 
 class Query(abc.ABC):
-    """A question to the live aggregates: a frozen dataclass per kind (tiny.downloads, the CRAN
-    downloads API's; tiny.analytics.store, the dashboard's), its fields the arguments. It says
+    """A question to the live aggregates: a frozen dataclass per kind (tiny.cran_api, the CRAN
+    downloads API's; tiny.analytics.answers, the dashboard's), its fields the arguments. It says
     which days it reads and how it is answered; being frozen, it is hashable, the key of its
     answer here and of its job in the pool, and picklable, sent to the pool as it is."""
 
@@ -118,9 +120,9 @@ def fold_job(
 def warm_job() -> None:
     """Pool job run once at a worker's start (tiny.analytics.service.Analytics.start): import
     what fold_job needs, so the first query does not wait for it."""
-    from tiny import downloads  # noqa: F401
+    from tiny import cran_api  # noqa: F401
     from tiny.aggregates import Aggregates  # noqa: F401
-    from tiny.analytics import store  # noqa: F401  (and the charts it draws)
+    from tiny.analytics import answers  # noqa: F401  (and the charts it draws)
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,11 @@ def etag_of(body: bytes) -> str:
 class Live:
     """The answers from the aggregates, for one worker: see the module docstring."""
 
-    def __init__(self, data_dir: Path, sink: DailyFileSink, analytics: Analytics) -> None:
+    def __init__(
+        self, data_dir: Path, sink: DailyFileSink, analytics: Analytics, fold_seconds: float = limits.FOLD_SECONDS
+    ) -> None:
         self.data_dir = Path(data_dir)
+        self.fold_seconds = fold_seconds  # a query is answered within this long or gets Behind
         self.sink = sink
         self.analytics = analytics
         self._answers: Cache[Answer] = analytics.budget.cache("answers from the aggregates", limits.ANSWERS_KEPT)
@@ -202,7 +207,7 @@ class Live:
 
     async def answer(self, query: Query) -> Answer:
         """The answer to ``query`` (see fold_job), reading its days."""
-        deadline = time.monotonic() + limits.FOLD_SECONDS
+        deadline = time.monotonic() + self.fold_seconds
         needed = query.days
         version = self.version()
         generation = read_generation(self.data_dir)
@@ -235,7 +240,7 @@ class Live:
             from tiny.analytics.service import Busy
 
             raise Busy(
-                f"the analytics process has not answered within {limits.FOLD_SECONDS + limits.LATE_SECONDS:.0f} s "
+                f"the analytics process has not answered within {self.fold_seconds + limits.LATE_SECONDS:.0f} s "
                 "(still counting new rows for the queries ahead of this one)"
             ) from None
         answer = Answer(bytes(body), (read_from, *version))

@@ -375,6 +375,7 @@ class InProcessServer(_Client):
         from tiny import config
 
         self.config = config.parse(["--data-dir", str(data_dir), "--processes", "1", *args], env or {})
+        self.data_dir = self.config.data_dir
         self.port = 0
         self._loop: Any = None
         self._thread: Any = None

@@ -6,11 +6,13 @@ its caches, until the rest fits. Each entry is counted at the weight its cache g
 bytes of an answer, an estimate for Python objects); one heavier than the whole budget is not
 kept. A cache may also bound its own entry count.
 
-How ``--analytics-cache-bytes`` is shared (:func:`shares`): a worker keeps half of it (the
-answers it sends: tiny.live and the row queries' results, tiny.analytics.service), and its
-pool processes the other half, in equal parts (the day aggregates and line counts,
-tiny.analytics.store; one whale's rows, tiny.analytics.compute). So the flag bounds every
-analytics cache of a worker and its pool together.
+How ``--analytics-cache-bytes`` is shared (:class:`Shares`): a worker keeps a quarter of it
+(the answers it sends: tiny.live's, and the row queries' results, tiny.analytics.service);
+the processes of its pool's answers lane another quarter (the day aggregates and line counts,
+tiny.analytics.answers); those of its rows lane the half left (one whale's rows,
+tiny.analytics.rows: a big whale's rows weigh megabytes, and the queries of one day version
+share them), in equal parts within a lane. So the flag bounds every analytics cache of a
+worker and its pool together.
 
 Not thread-safe: each process uses its caches from one thread (a worker's event loop, a
 pool process's job).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from tiny import limits
@@ -121,7 +124,7 @@ _process: list[Budget] = []  # this process's budget, once set or first asked fo
 
 def set_process_budget(limit: int) -> None:
     """Make the budget of this process's module-level caches ``limit`` bytes (a pool process's
-    share, at its start: tiny.analytics.compute.pool_init); their entries are dropped."""
+    share, at its start: tiny.analytics.pool_process.pool_init); their entries are dropped."""
     _process[:] = [Budget(limit)]
 
 
@@ -129,14 +132,24 @@ def process_budget() -> Budget:
     """The budget of this process's module-level caches (a pool process's share of the default
     ``--analytics-cache-bytes`` until :func:`set_process_budget`)."""
     if not _process:
-        _process.append(Budget(shares(limits.ANALYTICS_CACHE_BYTES, 1)[1]))
+        _process.append(Budget(Shares.of(limits.ANALYTICS_CACHE_BYTES, 1).rows_process))
     return _process[0]
 
 
-def shares(total: int, pool_processes: int) -> tuple[int, int]:
-    """The budget of a worker and of each of its ``pool_processes`` pool processes, out of
-    ``total`` (``--analytics-cache-bytes``): half to the worker, the other half in equal parts."""
-    return total // 2, total // 2 // max(pool_processes, 1)
+@dataclass(frozen=True)
+class Shares:
+    """The budgets of a worker and of each of its pool processes, by lane (see the module docstring)."""
+
+    worker: int
+    answers_process: int
+    rows_process: int
+
+    @classmethod
+    def of(cls, total: int, processes: int) -> Shares:
+        """The shares of ``total`` bytes (``--analytics-cache-bytes``) for a worker whose pool
+        runs ``processes`` processes in each lane."""
+        each = max(processes, 1)
+        return cls(total // 4, total // 4 // each, total // 2 // each)
 
 
 def report() -> tuple[int, int, dict[str, int]]:

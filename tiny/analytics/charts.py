@@ -1,8 +1,8 @@
 """The dashboard's charts, written as SVG (tiny.analytics.svg) in an analytics pool process.
 
 :func:`render` draws the ``traffic``, ``whales`` and ``hourly`` views from a day's aggregate
-(tiny.analytics.store, small data: 24 hours and N whales), 0-4 ms of CPU each;
-:func:`detail_job` draws one ip_id's downloads from its rows (tiny.analytics.compute),
+(tiny.analytics.answers, small data: 24 hours and N whales), 0-4 ms of CPU each;
+:func:`detail_job` draws one ip_id's downloads from its rows (tiny.analytics.rows),
 the one view that reads them (its thousands of points one embedded image).
 
 Every chart is WIDTH units wide, a width read at about 1:1 on a 420 px phone and at up to
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tiny.aggregate_sql import HOURS
-from tiny.analytics.compute import DayFile, ranked, rows_of
 from tiny.analytics.names import whale_name
+from tiny.analytics.rows import DayFile, ranked, rows_of
 from tiny.analytics.svg import Canvas, Marks, png, text_width, ticks
 from tiny.cranlog import Row
 
 if TYPE_CHECKING:
-    from tiny.analytics.store import DayAggregate, Whale
+    from tiny.analytics.answers import DayAggregate, Whale
 
 VIEWS = ("traffic", "whales", "hourly", "detail")
 FROM_AGGREGATES = ("traffic", "whales", "hourly")  # the others read rows
@@ -316,7 +316,7 @@ def _clock_ticks(first: float, last: float) -> list[float]:
 
 
 def render_detail(date: str, mine: list[Row], ip_id: int) -> bytes | None:
-    """One ip_id's downloads (its rows: tiny.analytics.compute.rows_of): time of day x package
+    """One ip_id's downloads (its rows: tiny.analytics.rows.rows_of): time of day x package
     (its most downloaded packages by name)."""
     if not mine:
         return None
@@ -373,7 +373,7 @@ def render_detail(date: str, mine: list[Row], ip_id: int) -> bytes | None:
 
 
 def render(view: str, date: str, aggregate: DayAggregate) -> bytes:
-    """One of the views drawn from a day's aggregate (tiny.analytics.store.day_aggregate: its
+    """One of the views drawn from a day's aggregate (tiny.analytics.answers.day_aggregate: its
     whales are the top N to show): ``traffic``, ``whales`` or ``hourly``."""
     whales = aggregate.whales
     if view == "traffic":

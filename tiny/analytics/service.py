@@ -13,7 +13,7 @@ blocks the event loop that serves ``/ingest``.
 CPU: the pool processes of every worker of a server share one cgroup quota of
 ``--analytics-cpu`` CPUs where one can be made (tiny.analytics.cpu), and run at
 ``--analytics-nice`` (default SCHED_IDLE) within it; each one exits when its worker process
-is gone (tiny.analytics.compute.pool_init), even a stopped one. Time: every job has a deadline
+is gone (tiny.analytics.pool_process.pool_init), even a stopped one. Time: every job has a deadline
 of JOB_SECONDS from when it starts to run in a pool process (a job waiting its turn is not
 counted); a process whose job runs past it is stuck (stopped, blocked in the kernel, looping)
 and is killed: its pool is replaced by the next query, and every query waiting on that pool is
@@ -51,8 +51,8 @@ from typing import Any
 
 from tiny import layout, limits
 from tiny.aggregates import check_regular
-from tiny.analytics import caches, charts, compute, cpu
-from tiny.analytics.compute import DayFile
+from tiny.analytics import caches, charts, cpu, json_bytes, pool_process, rows
+from tiny.analytics.rows import DayFile
 from tiny.config import Config
 
 log = logging.getLogger("tiny.analytics")
@@ -162,13 +162,13 @@ def _size(result: Any) -> int:
         return len(result) + 64
     if isinstance(result, int) or result is None:
         return 64
-    return len(compute.dumps(result)) * 4  # Python objects weigh about 4x their JSON
+    return len(json_bytes.dumps(result)) * 4  # Python objects weigh about 4x their JSON
 
 
 class Analytics:
     """The analytics pool of one worker process, and the queries that read a day's rows.
 
-    The dashboard's other answers come from the aggregates (tiny.live, tiny.analytics.store),
+    The dashboard's other answers come from the aggregates (tiny.live, tiny.analytics.answers),
     run in this pool through :meth:`call`. The queries here read rows: one ip_id's
     downloads and the ``detail`` chart. Each stats the day file (DayNotFound if absent) and
     answers from the cache when that version was computed already. At most ``row_queries``
@@ -198,8 +198,8 @@ class Analytics:
         self._replaced: tuple[float, str] | None = None  # (when, why) a pool was last replaced as stuck
         self._pools: dict[str, concurrent.futures.ProcessPoolExecutor] = {}  # lane -> its pool
         self._closed = False
-        worker_bytes, self._pool_cache_bytes = caches.shares(cache_bytes, 2 * processes)  # two lanes
-        self.budget = caches.Budget(worker_bytes)  # the worker's caches: these results, tiny.live's answers
+        self.shares = caches.Shares.of(cache_bytes, processes)
+        self.budget = caches.Budget(self.shares.worker)  # the worker's caches: these results, tiny.live's answers
         self._cache: caches.Cache[tuple[tuple[int, int], Any]] = self.budget.cache("results of the row queries")
         self._pending: dict[Hashable, asyncio.Future[Any]] = {}
         self._reading_rows: dict[Hashable, tuple[str, tuple[int, int]]] = {}  # pending key -> its day
@@ -215,11 +215,11 @@ class Analytics:
             cache_bytes=config.analytics_cache_bytes,
         )
 
-    async def downloads(self, date: str, ip_id: int, limit: int) -> bytes:
+    async def whale_downloads(self, date: str, ip_id: int, limit: int) -> bytes:
         """One ip_id's downloads of the day in time order (the first ``limit``), as the JSON
         answer (serialised in the pool); WhaleNotFound if none."""
         day = stat_day(self.data_dir, date)
-        result = await self._rows(day, WhaleDownloads(ip_id, limit), compute.downloads_job, day, ip_id, limit)
+        result = await self._rows(day, WhaleDownloads(ip_id, limit), rows.whale_downloads_job, day, ip_id, limit)
         if result is None:
             raise WhaleNotFound(ip_id)
         return bytes(result)
@@ -290,7 +290,7 @@ class Analytics:
     def _executor(self, lane: str) -> concurrent.futures.ProcessPoolExecutor:
         """The pool of ``lane``, created on first use (in the worker process that uses it). Its
         processes are spawned by the thread that submits to it, the event loop's, which lives
-        as long as the worker (tiny.analytics.compute.pool_init ties their lives to it)."""
+        as long as the worker (tiny.analytics.pool_process.pool_init ties their lives to it)."""
         if self._closed:
             raise Busy("the server is shutting down")
         pool = self._pools.get(lane)
@@ -298,8 +298,8 @@ class Analytics:
             pool = self._pools[lane] = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.processes,
                 mp_context=cpu.ConfinedContext(cpu.CGROUP, lane, self.nice),
-                initializer=compute.pool_init,
-                initargs=(os.getpid(), self._pool_cache_bytes),
+                initializer=pool_process.pool_init,
+                initargs=(os.getpid(), self.shares.rows_process if lane == ROWS else self.shares.answers_process),
             )
             log.info(
                 "analytics pool (%s) started: %d process(es), nice %s",

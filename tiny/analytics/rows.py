@@ -1,6 +1,6 @@
-"""The pool side of the queries that read a day's rows: one ip_id's downloads (and its chart).
+"""One ip_id's rows of a day file, read in a pool process: its downloads, and the rows its ``detail`` chart draws.
 
-Everything else the dashboard shows comes from the aggregate store (tiny.analytics.store).
+Everything else the dashboard shows comes from the aggregate store (tiny.analytics.answers).
 This runs in an analytics pool process (see :mod:`tiny.analytics.service`), never in a
 worker serving HTTP, within the server's analytics CPU quota (tiny.analytics.cpu): the
 ``*_job`` functions are what the worker submits, and they return small, picklable results.
@@ -19,34 +19,17 @@ progress).
 
 from __future__ import annotations
 
-import ctypes
-import json
 import os
-import signal
-import threading
-import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from tiny.analytics import caches
+from tiny.analytics.json_bytes import dumps
 from tiny.analytics.names import whale_name
 from tiny.cranlog import Row, read_row
 
 _ROW_WEIGHT = 4  # a Row weighs about 4x its line
-_PARENT_POLL_SECONDS = 1.0
-_PR_SET_PDEATHSIG = 1  # prctl(2)
-
-
-def dumps(value: Any) -> bytes:
-    """An answer as JSON bytes: orjson, or the stdlib's json when an integer is past orjson's
-    64-bit range (byte totals can be: Python's sums are exact)."""
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
@@ -61,42 +44,6 @@ class DayFile:
     @property
     def version(self) -> tuple[int, int]:
         return (self.size, self.mtime_ns)
-
-
-def pool_init(parent: int, cache_bytes: int) -> None:
-    """Runs first in each pool process (confined already: tiny.analytics.cpu.ConfinedContext):
-    signals, its end with its worker's, and its caches' budget of ``cache_bytes``
-    (tiny.analytics.caches).
-
-    A worker killed with -9 cannot stop its pool. On Linux the kernel does: PR_SET_PDEATHSIG
-    has it SIGKILL this process when the thread that spawned it ends, and SIGKILL reaches
-    even a stopped process (a pool process SIGSTOPped, then its worker killed, is gone with
-    it). That thread is the worker's event loop thread (tiny.analytics.service spawns the pool
-    from it), which ends only with the worker. A worker already gone before the request was
-    made is seen by the parent check after it. Elsewhere, a thread polls for the parent
-    (a stopped process then goes once it is continued)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the worker decides
-    caches.set_process_budget(cache_bytes)
-    if _kill_me_with_my_parent():
-        if os.getppid() != parent:
-            os._exit(0)
-    else:
-        threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="parent-watch").start()
-
-
-def _kill_me_with_my_parent() -> bool:
-    """PR_SET_PDEATHSIG = SIGKILL for this process; False where that cannot be asked."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
-def _watch_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(_PARENT_POLL_SECONDS)
-    os._exit(0)
 
 
 def read_complete_lines(path: str, size: int) -> bytes:
@@ -177,7 +124,7 @@ def whale_downloads(rows: list[Row], date: str, ip_id: int, limit: int) -> dict[
     }
 
 
-def downloads_job(day: DayFile, ip_id: int, limit: int) -> bytes | None:
+def whale_downloads_job(day: DayFile, ip_id: int, limit: int) -> bytes | None:
     """Pool job: one ip_id's downloads (see :func:`whale_downloads`) as JSON bytes, None if it has
     none. Serialised here: an answer of 100,000 downloads is megabytes the worker only sends."""
     result = whale_downloads(rows_of(day, ip_id), day.date, ip_id, limit)

@@ -1,7 +1,7 @@
 """The CRAN downloads API, ``GET /downloads``, ``/top``, ``/badges``, ``/trending``, ``/ping``, ``/check``.
 
 The routes, paths and JSON shapes of the public service (r-hub/cranlogs.app, routes/*.js), so
-that its R client works unchanged; tiny.downloads answers. Errors in the project's JSON shape:
+that its R client works unchanged; tiny.cran_api answers. Errors in the project's JSON shape:
 400 a bad period, package name, count or colour, or a range that ends before it starts; 404
 for ``R`` (downloads of R itself come from another log than the package downloads Tiny
 ingests); 503 with Retry-After when the data dir's lock is held too long or the analytics
@@ -25,7 +25,7 @@ import orjson
 from tiny import badges, limits
 from tiny.aggregates import Behind, Unavailable
 from tiny.analytics.service import Busy
-from tiny.downloads import (
+from tiny.cran_api import (
     SUMMARIES,
     Count,
     Daily,
@@ -66,7 +66,9 @@ class DownloadsBase(JSONHandler):
     async def answer(self, query: Query) -> Answer:
         try:
             return await self.deps.live.answer(query)
-        except (SinkError, Behind, Unavailable) as exc:
+        except Behind as exc:
+            raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}, {"counting": exc.counting()}) from None
+        except (SinkError, Unavailable) as exc:
             raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}) from None
         except Busy as exc:
             raise APIError(503, f"{exc}; try again", {"Retry-After": "1"}) from None
@@ -146,7 +148,7 @@ class MonthlyTotalsHandler(DownloadsBase):
 
 
 class TrendingHandler(DownloadsBase):
-    """``GET /trending``: see tiny.downloads.trending."""
+    """``GET /trending``: see tiny.cran_api.trending."""
 
     async def get(self) -> None:
         live = self.deps.live

@@ -21,7 +21,7 @@ from tiny.aggregate_sql import HOURS
 from tiny.aggregates import Aggregates, open_regular
 from tiny.analytics import caches, charts
 from tiny.analytics.caches import Cache
-from tiny.analytics.compute import dumps
+from tiny.analytics.json_bytes import dumps
 from tiny.analytics.names import whale_name
 from tiny.live import Query
 
