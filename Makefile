@@ -8,9 +8,13 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS   ?=
 # pytest-xdist workers for the tests that do not use Docker (the Docker tests run after, alone)
 TEST_WORKERS ?= 2
+# TESTS=all also runs the extended tests (`make test-all`): larger or repeated fault scenarios
+# whose property a default test already proves (pyproject.toml's `extended` marker)
+TESTS ?= default
+ONLY  := $(if $(filter all,$(TESTS)),,and not extended)
 
 .DEFAULT_GOAL := help
-.PHONY: help run test check sysdeps venv codec clean fuzz reliability bench bench-quick
+.PHONY: help run test test-all check sysdeps venv codec clean fuzz reliability bench bench-quick
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -67,8 +71,11 @@ test: venv codec sysdeps check ## the whole suite: cargo's unit tests, the Pytho
 	@if $(BIN)/python -c "import tiny._codec" 2>/dev/null; then \
 	  echo "== the HTTP contract on the pure-Python reference codec (TINY_CODEC=python) =="; \
 	  TINY_CODEC=python $(BIN)/python -m pytest -q app_tests.py tests/test_handlers.py tests/test_fuzz_http.py; fi
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not docker" $(PYTEST_ARGS)
-	@$(BIN)/python -m pytest -m docker $(PYTEST_ARGS); rc=$$?; [ $$rc = 0 ] || [ $$rc = 5 ] # 5: none selected
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not docker $(ONLY)" $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest -m "docker $(ONLY)" $(PYTEST_ARGS); rc=$$?; [ $$rc = 0 ] || [ $$rc = 5 ] # 5: none selected
+
+test-all: ## make test with the extended tests too (about twice as long)
+	@$(MAKE) --no-print-directory test TESTS=all
 
 fuzz: venv ## a longer fuzz run of the codec and of /ingest over HTTP (TINY_FUZZ_EXAMPLES, default 20000)
 	TINY_FUZZ_EXAMPLES=$${TINY_FUZZ_EXAMPLES:-20000} $(BIN)/python -m pytest -q \

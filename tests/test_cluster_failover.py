@@ -235,6 +235,7 @@ def _check(seen: Seen, got: list[Batch], log: list[Batch], fault_at: float) -> d
     }
 
 
+@pytest.mark.extended  # through Tiny hosts by default: tests/test_cluster_faults.py, test_cluster_mode.py
 def test_kill_9_of_the_primary_loses_and_doubles_nothing(cluster: PgCluster, figures: dict[str, Any]) -> None:
     """SIGKILL of the primary's Patroni and PostgreSQL under keyed and unkeyed load."""
     victim = cluster.wait_healthy(60)
@@ -253,6 +254,7 @@ def test_kill_9_of_the_primary_loses_and_doubles_nothing(cluster: PgCluster, fig
     assert promoted[0] == standby != victim  # strict mode: only the synchronous standby is promoted
 
 
+@pytest.mark.extended  # through Tiny hosts by default: tests/test_cluster_faults.py, test_cluster_mode.py
 def test_kill_9_of_the_synchronous_standby_loses_and_doubles_nothing(
     cluster: PgCluster, figures: dict[str, Any]
 ) -> None:
@@ -271,6 +273,7 @@ def test_kill_9_of_the_synchronous_standby_loses_and_doubles_nothing(
     figures.update(under_load(cluster, fault, heal))
 
 
+@pytest.mark.extended  # through Tiny hosts by default: tests/test_cluster_faults.py, test_cluster_mode.py
 def test_a_primary_frozen_past_its_lease_then_resumed_loses_and_doubles_nothing(
     cluster: PgCluster, figures: dict[str, Any]
 ) -> None:

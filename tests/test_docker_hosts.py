@@ -138,6 +138,7 @@ def test_the_image_runs_the_settings_the_tests_run_and_failsafe_mode() -> None:
 
 @pytest.mark.slow
 @pytest.mark.docker
+@pytest.mark.extended  # the same kills on processes run by default: tests/test_cluster_faults.py
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("rehearsal", ["v2"], indirect=True)
 def test_any_one_container_killed_under_load_loses_no_acknowledged_row_and_ingest_goes_on(

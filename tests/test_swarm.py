@@ -51,7 +51,12 @@ def _skip_reason() -> str | None:
 
 
 _REASON = _skip_reason()
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.skipif(bool(_REASON), reason=str(_REASON))]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.extended,
+    pytest.mark.timeout(1200),
+    pytest.mark.skipif(bool(_REASON), reason=str(_REASON)),
+]
 TOKEN = "swarm-s3cret"
 
 
