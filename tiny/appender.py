@@ -99,7 +99,7 @@ class FileFlush:
             parts = files[name]
             if size == 0:
                 parts = [a.headers.get(Path(name).suffix, b""), *parts]
-            elif os.pread(fd, 1, size - 1) != b"\n":
+            elif name[0] != "." and os.pread(fd, 1, size - 1) != b"\n":  # (.tiny/: the key log's binary records)
                 parts = [b"\n", *parts]  # the last row someone else wrote lacks its LF: keep it whole
             self.opened[-1] = (fd, FileSpan(name, size, size + sum(map(len, parts)), created))
             writes.append((fd, parts))

@@ -91,6 +91,7 @@ def open_journal(
                 raise
             identity = opening.start_fresh(found.what)
         keys.note_file()
+        keys.attach_log()  # after recovery: every byte of the log is committed now
     return identity
 
 

@@ -39,12 +39,13 @@ from pathlib import Path
 
 from tiny import layout, limits
 from tiny.appender import Appender, FileFlush, LockLost
-from tiny.commit import Append, Receipt, Refused, WriteFailed, keyed_digest
+from tiny.commit import Append, Receipt, Refused, Stored, WriteFailed, keyed_digest
 from tiny.crashpoints import CrashPoints
 from tiny.datadir import open_journal
 from tiny.files import size_of
 from tiny.flushlock import FlushLock, held_elsewhere
 from tiny.intent import IntentFile
+from tiny.keylog import SEGMENT_BYTES
 from tiny.keys import KeyStore
 
 log = logging.getLogger("tiny.commit.local")
@@ -69,13 +70,20 @@ class LocalCommit:
         headers: Mapping[str, bytes] | None = None,
         crash_at: str = "",
         cluster: bool | None = None,
+        segment_bytes: int = SEGMENT_BYTES,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.cluster = cluster  # tiny.datadir open_journal's: False refuses a data dir that follows a cluster
         self.fsync = fsync
         self.keys = KeyStore(
-            layout.journal_path(self.data_dir), fsync=fsync, window=window, max_keys=max_keys, mode=mode
+            layout.journal_path(self.data_dir),
+            fsync=fsync,
+            window=window,
+            max_keys=max_keys,
+            mode=mode,
+            segment_bytes=segment_bytes,
         )
+        self.keys.on_drop = self._forget_size
         self.lock = FlushLock(self.data_dir, lock_timeout)
         self.intent = IntentFile(self.data_dir, fsync)
         self.appender = Appender(self.data_dir, self.lock, self.intent, headers=headers or {}, fsync=fsync)
@@ -125,6 +133,11 @@ class LocalCommit:
         except BaseException:
             self.close()
             raise
+        try:
+            self.keys.load()  # without the lock: what attach_log noted under it is committed
+        except OSError as exc:
+            self.close()
+            raise Refused(f"the key log {self.keys.path.parent / 'keys'} cannot be read: {exc}") from None
         self.dir_id, self._secret = identity.dir_id, identity.secret
 
     def close(self) -> None:
@@ -173,36 +186,39 @@ class LocalCommit:
 
     def _commit_locked(self, appends: Sequence[Append]) -> Receipt:
         self.intent.recover(self.keys.is_stored)
-        decisions, first_key = self.keys.decide([append.claim for append in appends])
+        claims = [append.claim for append in appends]
         files: dict[str, list[bytes]] = {}
+        decisions: list[Stored | None]
+        if any(claims):
+            decisions, records = self.keys.decide(claims)
+            if records is not None:
+                files[records[0]] = [records[1]]
+        else:
+            decisions = [None] * len(appends)
         for append, decision in zip(appends, decisions, strict=True):
             if decision is None:
                 for name, data in append.chunks.items():
                     files.setdefault(name, []).append(data)
         flush = self.appender.flush()
         try:
-            self._write_and_commit(flush, files, first_key)
-            self.crash.reach("after-commit")  # with keys: committed, the intent still live
+            self._write_and_commit(flush, files)
             try:
-                flush.finish()
-            except OSError as exc:
-                if first_key is None:  # the mark was the commit point
-                    self._roll_back(flush)
-                    raise
-                log.error("could not mark a committed flush (the next flush will): %s", exc)
-                self._unfinished = True
+                self.keys.commit()
+            except OSError as exc:  # committed all the same: the next flush reads the log on from here
+                log.error("could not read a committed flush's keys back (the next flush will): %s", exc)
             self.crash.reach("after-finish")
         finally:
             flush.close()
         return Receipt(decisions)
 
-    def _write_and_commit(self, flush: FileFlush, files: dict[str, list[bytes]], first_key: str | None) -> None:
-        """The intent, the files, the check before the commit point, the keys' commit."""
+    def _write_and_commit(self, flush: FileFlush, files: dict[str, list[bytes]]) -> None:
+        """The intent, the files and the key log, the check before the commit point, the mark."""
         try:
-            flush.write(files, first_key=first_key, last=self.keys.last, crash=self.crash.reach)
+            flush.write(files, crash=self.crash.reach)
             self.crash.reach("after-writes")
             flush.confirm()
-            self.keys.commit()
+            self.crash.reach("after-commit")  # confirmed, the key log written: not committed until the mark
+            flush.finish()  # the commit point of every flush
         except LockLost:
             # Another writer may hold the data dir's lock now and may have written after these
             # files: nothing is cut here; the next recovery, under that lock, does it.
@@ -211,8 +227,13 @@ class LocalCommit:
             raise
         except BaseException:
             self.keys.rollback()
-            self._roll_back(flush)  # before any answer: a failed flush keeps nothing
+            self._roll_back(flush)  # before any answer: a failed flush keeps nothing, its keys included
             raise
+
+    def _forget_size(self, name: str) -> None:
+        """A key log segment deleted by expiry: its committed size is no longer expected."""
+        if self.intent.sizes is not None:
+            self.intent.sizes.forget(name)
 
     def _roll_back(self, flush: FileFlush) -> None:
         """Cut a failed flush's files back and mark its intent undone; if that fails too, the
