@@ -141,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 data = work / f"{name}-data"
                 data.mkdir()
                 server = LocalServer(name, str(script), 1, data, logs=work / "logs")
+                server.tree = tree if name == "old" else None
                 stack.callback(server.stop)
                 servers[name] = server.start()
             runner = Runner(args.seconds, 50, 10_000_000, work / "raw")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import random
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.journal_support import Append, claims, commit_keys, flush, opened
 from tiny import layout
-from tiny.commit import Claim, Stored
+from tiny.commit import Claim, Stored, Unavailable
+from tiny.commit.local import LocalCommit
 from tiny.files import size_of
 from tiny.keylog import FIRST, KeyTable, encode, records, segment_name
 
@@ -111,7 +114,7 @@ def test_a_restart_reads_every_key_back_from_the_log(tmp_path: Path) -> None:
         commit_keys(journal, claims(*keys[start : start + 250], answer=b"answer"))
     journal.close()
     again = opened(tmp_path)
-    assert again.keys.table.size == 3000
+    assert again.keys_read(10) and again.keys.table.size == 3000
     assert all(_replayed(again, *keys[::97]))
     assert again.keys.last is not None and again.keys.last[:2] == ("key-2999", 3000)
 
@@ -130,7 +133,7 @@ def test_a_torn_record_at_the_end_of_the_log_is_never_read_and_is_cut_before_the
         torn = encode(number + 2, time.time(), FIRST, key.encode(), b"d", b"a")
         segment.write_bytes(whole + (torn[:-3] if how == "cut short" else torn[:8] + b"\0" * (len(torn) - 8)))
         again = opened(tmp_path)
-        assert again.keys.table.size == number + 1 and again.keys.newest == number + 1
+        assert again.keys_read(10) and again.keys.table.size == number + 1 and again.keys.newest == number + 1
         assert _replayed(again, key, "whole") == [False, True]
         data = segment.read_bytes()
         parsed = list(records(data))
@@ -221,5 +224,36 @@ def test_a_reopened_journal_keeps_the_keys_it_read_when_the_log_is_the_same(tmp_
     other = opened(tmp_path)
     commit_keys(other, claims("b"))
     journal.open()
-    assert journal.keys.table is table and _replayed(journal, "a", "b") == [True, True]
-    assert not os.listdir(tmp_path / ".tiny" / "keys") == []
+    assert journal.keys_read(10) and journal.keys.table is table and _replayed(journal, "a", "b") == [True, True]
+
+
+def test_a_keyed_flush_waits_for_the_keys_at_most_its_deadline_and_one_without_keys_does_not(tmp_path: Path) -> None:
+    """The keys are read on a thread of their own after the opening (a start on 10 million
+    takes seconds): a keyed flush waits for them until its deadline (then Unavailable, a 503
+    with Retry-After), a flush without keys never waits."""
+    journal = opened(tmp_path)
+    commit_keys(journal, claims("k"))
+    journal.close()
+    reading = opened(tmp_path)
+    assert reading.keys_read(10)
+    loader = threading.Thread(target=time.sleep, args=(0.5,))  # stands for a long reading
+    loader.start()
+    reading._loader = loader
+    reading._loader_started = True
+    with pytest.raises(Unavailable, match="still being read"):
+        reading.commit([Append({}, Claim("k", b"d", b"a"))], time.monotonic() + 0.05)
+    assert reading.commit([Append({"d.csv": b"1\n"})], time.monotonic() + 0.05).decisions == [None]
+    loader.join()
+    assert reading.commit([Append({}, Claim("k", b"d", b"a"))], time.monotonic() + 1).decisions != [None]
+
+
+def test_closing_stops_a_reading_of_the_keys_under_way(tmp_path: Path) -> None:
+    journal = opened(tmp_path)
+    for start in range(0, 2000, 250):
+        commit_keys(journal, claims(*(f"k{n}" for n in range(start, start + 250))))
+    journal.close()
+    again = LocalCommit(tmp_path)
+    again.keys.stop_loading = True  # as close() sets it: the reading stops at its next chunk
+    again.open()
+    again.close()
+    assert again.keys.table.size == 0 and not again.keys.stop_loading

@@ -89,7 +89,7 @@ def backup(
     if dest.exists():
         raise FileExistsError(f"{dest} exists; back up into a new directory")
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
-    journal.open()
+    journal.open(keys=False)
     segments: dict[str, tuple[int, int]] = {}
     try:
         with journal.locked():  # one instant: the files, the intent and the keys agree
@@ -223,7 +223,7 @@ def set_journal_mode(data_dir: Path, mode: str, lock_timeout: float = 30.0) -> s
     if current is None:
         raise Refused(f"{data_dir} has no journal of this version to change")
     journal = LocalCommit(data_dir, mode=current, lock_timeout=lock_timeout)
-    journal.open()
+    journal.open(keys=False)
     try:
         with journal.locked():
             try:
@@ -245,7 +245,7 @@ def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
     store's generation; returns the rows. Unavailable when a day file is not a regular file
     or the store cannot be written (the store is left as it was)."""
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
-    journal.open()
+    journal.open(keys=False)
     try:
         with journal.locked():
             journal.recover()
@@ -271,7 +271,7 @@ def forget(data_dir: Path, files: Sequence[str], remove: bool = False, lock_time
         raise Refused(f"{data_dir} has no journal of this version: there is nothing to forget")
     names = list(dict.fromkeys(_data_file(data_dir, given) for given in files))
     journal = LocalCommit(data_dir, mode=mode, lock_timeout=lock_timeout)
-    journal.open(check_sizes=False)  # every other check holds
+    journal.open(check_sizes=False, keys=False)  # every other check holds
     try:
         with journal.locked():
             table = journal.intent.sizes

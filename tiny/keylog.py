@@ -23,6 +23,7 @@ digest and answer stay on disk).
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from array import array
@@ -33,15 +34,17 @@ from tiny import layout
 
 SEGMENT_BYTES = 64 * 1024**2  # a segment's size before the next one starts
 FIRST = 1  # flag: the first record of its flush
-_HEAD = struct.Struct(">II")  # the record's length, CRC-32 of the rest
-_FIELDS = struct.Struct(">QdBBB")  # seq, stored, flags, key length, digest length
-FIXED = _HEAD.size + _FIELDS.size
+HEAD = struct.Struct(">II")  # the record's length, CRC-32 of the rest
+FIELDS = struct.Struct(">QdBBB")  # seq, stored, flags, key length, digest length
+FIXED = HEAD.size + FIELDS.size
+KEY_LENGTH_AT = HEAD.size + 17  # the key length's byte in a record (after seq, stored and flags)
 _OFFSET_BITS = 40  # a place: segment << 40 | offset (segments up to 1 TiB)
 _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
 _LOAD = 0.7  # the table grows (doubles) past this share of full slots
 KEYS_DIR = f"{layout.STATE_DIR}/keys"
 
 
+@functools.lru_cache(maxsize=16)
 def segment_name(number: int) -> str:
     """Segment ``number``'s file, relative to the data dir (as intents name files)."""
     return f"{KEYS_DIR}/{number:08d}.log"
@@ -79,8 +82,8 @@ def encode(seq: int, stored: float, flags: int, key: bytes, digest: bytes, answe
     """One record (see the module docstring). ValueError for a key or digest over 255 bytes."""
     if len(key) > 255 or len(digest) > 255:
         raise ValueError("a key and a digest are at most 255 bytes")
-    rest = _FIELDS.pack(seq, stored, flags, len(key), len(digest)) + key + digest + answer
-    return _HEAD.pack(_HEAD.size + len(rest), zlib.crc32(rest)) + rest
+    rest = FIELDS.pack(seq, stored, flags, len(key), len(digest)) + key + digest + answer
+    return HEAD.pack(HEAD.size + len(rest), zlib.crc32(rest)) + rest
 
 
 def decode(buf: bytes | memoryview, at: int, end: int) -> tuple[Record, int] | None:
@@ -88,11 +91,11 @@ def decode(buf: bytes | memoryview, at: int, end: int) -> tuple[Record, int] | N
     is torn (runs past ``end``, or fails its CRC) or too short to be one."""
     if end - at < FIXED:
         return None
-    length, crc = _HEAD.unpack_from(buf, at)
+    length, crc = HEAD.unpack_from(buf, at)
     stop = at + length
-    if length < FIXED or stop > end or zlib.crc32(buf[at + _HEAD.size : stop]) != crc:
+    if length < FIXED or stop > end or zlib.crc32(buf[at + HEAD.size : stop]) != crc:
         return None
-    seq, stored, flags, key_length, digest_length = _FIELDS.unpack_from(buf, at + _HEAD.size)
+    seq, stored, flags, key_length, digest_length = FIELDS.unpack_from(buf, at + HEAD.size)
     key_at = at + FIXED
     digest_at = key_at + key_length
     answer_at = digest_at + digest_length

@@ -44,6 +44,7 @@ import logging
 import os
 import sqlite3
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,8 +54,11 @@ from tiny import layout, limits
 from tiny.commit import Claim, Stored
 from tiny.files import fsync_dir
 from tiny.keylog import (
+    FIELDS,
     FIRST,
     FIXED,
+    HEAD,
+    KEY_LENGTH_AT,
     KEYS_DIR,
     SEGMENT_BYTES,
     KeyTable,
@@ -80,6 +84,7 @@ _WALK_READ = 1 << 16  # bytes expiry reads of the oldest segment at a time
 _RECORD_READ = 512  # bytes a lookup reads first of a record (most records are shorter)
 _LOAD_READ = 1 << 24  # bytes the start reads of a segment at a time
 
+_SEGMENT_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC  # read (pread), appended to by flushes, cut when torn
 _SCHEMA = "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID"
 _LEGACY = "idempotency_keys"  # the previous format's keys table
 
@@ -111,6 +116,7 @@ class KeyStore:
         self._path = str(path)  # a str: joining Paths on the hot path cost more than the stat
         self._inode = 0  # the database file's, once opened: one replaced under a server stops its writes
         self._dir = str(self.data_dir / KEYS_DIR)
+        self.stop_loading = False  # set (another thread) to stop a load() under way: the journal closes
         self._reset()
 
     def _reset(self) -> None:
@@ -129,7 +135,13 @@ class KeyStore:
         self._walk_base = -1  # offset of _walk_buf in the cursor's segment
         self._want = b""  # the key a table probe confirms (_same)
         self._seen: Record | None = None  # the record the last confirmed probe read
-        self._new = 0  # records the flush under way appends
+        self._new: list[tuple[int, int, int]] = []  # the flush under way's new keys: (hash, offset in its bytes, seq)
+        self._new_at = (0, b"")  # the segment they go to, and their bytes
+        self._oldest: tuple[int, float] | None = None  # (seq, stored) of the record at expiry's cursor
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._ends)
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -241,7 +253,7 @@ class KeyStore:
         for number in found:
             if number < self._walk[0] and self._inodes:
                 continue  # walked past by this process's expiry: its keys are gone from memory
-            fd = os.open(os.path.join(self._dir, f"{number:08d}.log"), os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(os.path.join(self._dir, f"{number:08d}.log"), _SEGMENT_FLAGS)
             stat = os.fstat(fd)
             known = self._inodes.get(number)
             if known is not None and known != (stat.st_dev, stat.st_ino):
@@ -296,7 +308,7 @@ class KeyStore:
 
     def _open_segment(self, number: int) -> int | None:
         try:
-            fd = os.open(os.path.join(self._dir, f"{number:08d}.log"), os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(os.path.join(self._dir, f"{number:08d}.log"), _SEGMENT_FLAGS)
         except FileNotFoundError:
             return None
         stat = os.fstat(fd)
@@ -308,33 +320,15 @@ class KeyStore:
         """Take the whole records of segment ``number`` between ``start`` and ``stop``; returns
         where they end. A torn one stops the reading; ``cut`` (the lock held): it is cut off."""
         fd = self._fds[number]
-        table, same = self.table, self._same
-        cutoff = time.time() - self.window
-        base = place(number, 0)
-        while start < stop:
+        while start < stop and not self.stop_loading:
             buf = os.pread(fd, min(stop - start, _LOAD_READ), start)
-            view = memoryview(buf)
-            at, end = 0, len(buf)
-            while at < end:
-                found = decode(view, at, end)
-                if found is None:
-                    break
-                record, after = found
-                if record.seq > self.newest:
-                    self.newest = record.seq
-                    if record.flags & FIRST:
-                        self._flush_first = record.seq
-                    if record.stored >= cutoff:
-                        self._want = record.key
-                        table.put(key_hash(record.key), base + start + at, same)
-                    self.last = (record.key.decode(), record.seq, record.stored)
-                at = after
+            at, end = self._take(buf, place(number, start))
             reached = start + end >= stop
             start += at
             self._ends[number] = start
             if end == 0 or (at < end and (reached or at == 0)):
                 break  # a torn record: the bytes left do not make one
-        if start < stop:
+        if start < stop and not self.stop_loading:
             if cut and number == self._segment:
                 log.warning("cut a torn record off the key log %s at %d of %d", segment_name(number), start, stop)
                 os.ftruncate(fd, start)
@@ -342,6 +336,39 @@ class KeyStore:
                 log.warning("skipped a torn record in the key log %s at %d", segment_name(number), start)
                 self._ends[number] = stop
         return start
+
+    def _take(self, buf: bytes, base: int) -> tuple[int, int]:
+        """Take the whole records of ``buf`` (at place ``base``) into memory: (the end of the
+        last whole one, len(buf)). The loop a start runs 10 million times: decode() inlined."""
+        view = memoryview(buf)
+        unpack_head, unpack_fields, crc32 = HEAD.unpack_from, FIELDS.unpack_from, zlib.crc32
+        put, same = self.table.put, self._same
+        cutoff = time.time() - self.window
+        newest, flush_first, last = self.newest, self._flush_first, -1
+        at, end = 0, len(buf)
+        while at + FIXED <= end:
+            length, crc = unpack_head(view, at)
+            stop = at + length
+            if length < FIXED or stop > end or crc32(view[at + 8 : stop]) != crc:
+                break
+            seq, stored, flags, key_length, digest_length = unpack_fields(view, at + 8)
+            if FIXED + key_length + digest_length > length:
+                break  # cannot be: its CRC held
+            if seq > newest:
+                newest, last = seq, at
+                if flags & FIRST:
+                    flush_first = seq
+                if stored >= cutoff:
+                    key = buf[at + FIXED : at + FIXED + key_length]
+                    self._want = key
+                    put(hash(key) or 1, base + at, same)
+            at = stop
+        self.newest, self._flush_first = newest, flush_first
+        if last >= 0:
+            found = decode(view, last, end)
+            if found is not None:
+                self.last = (found[0].key.decode(), found[0].seq, found[0].stored)
+        return at, end
 
     def _same(self, where: int) -> bool:
         """Whether the record at ``where`` is of the key a probe looks for (it is kept, read)."""
@@ -379,18 +406,21 @@ class KeyStore:
 
     # -- a flush with keys ---------------------------------------------------------------------
 
-    def decide(self, claims: Sequence[Claim | None]) -> tuple[list[Stored | None], tuple[str, bytes] | None]:
+    def decide(
+        self, claims: Sequence[Claim | None]
+    ) -> tuple[list[Stored | None], tuple[str, bytes, tuple[int, int] | None] | None]:
         """What each append of a flush does, by its claim (None: no key), and the records the
-        flush appends to the log: (segment file, bytes), or None. ``decisions[i]`` None:
-        append i writes; a Stored: it is answered from that digest and answer and writes
-        nothing (its key counts already, or an earlier append of this flush has it). Reads the
-        log's new records first (:meth:`refresh`)."""
+        flush appends to the log: (segment file, bytes, (descriptor, size) when this process
+        holds the segment open), or None. ``decisions[i]`` None: append i writes; a Stored: it
+        is answered from that digest and answer and writes nothing (its key counts already, or
+        an earlier append of this flush has it). Reads the log's new records first (:meth:`refresh`)."""
         self.refresh()
         now = time.time()
         decided: dict[str, Stored] = {}
         decisions: list[Stored | None] = []
         new: list[bytes] = []
-        seq = self.newest
+        self._new = []
+        seq, offset = self.newest, 0
         for claim in claims:
             if claim is None:
                 decisions.append(None)
@@ -400,7 +430,8 @@ class KeyStore:
                 decisions.append(known)
                 continue
             key = claim.key.encode()
-            stored = self._counting(key, now)
+            h = key_hash(key)
+            stored = self._counting(key, h, now)
             if stored is not None:
                 decided[claim.key] = stored
                 decisions.append(stored)
@@ -408,19 +439,25 @@ class KeyStore:
             decided[claim.key] = Stored(claim.digest, claim.answer)
             decisions.append(None)
             seq += 1
-            new.append(encode(seq, now, 0 if new else FIRST, key, claim.digest, claim.answer))
-        self._new = len(new)
+            record = encode(seq, now, 0 if new else FIRST, key, claim.digest, claim.answer)
+            self._new.append((h, offset, seq))
+            offset += len(record)
+            new.append(record)
         if not new:
             return decisions, None
         number = self._segment
-        if self._ends.get(number, 0) >= self.segment_bytes:
-            number += 1
-        return decisions, (segment_name(number), b"".join(new))
+        end = self._ends.get(number, 0)
+        if end >= self.segment_bytes:
+            number, end = number + 1, 0
+        data = b"".join(new)
+        self._new_at = (number, data)
+        fd = self._fds.get(number)
+        return decisions, (segment_name(number), data, None if fd is None else (fd, end))
 
-    def _counting(self, key: bytes, now: float) -> Stored | None:
-        """The digest and answer of ``key`` if it counts (see the module docstring), or None."""
+    def _counting(self, key: bytes, h: int, now: float) -> Stored | None:
+        """The digest and answer of ``key`` (hash ``h``) if it counts (see the module docstring), or None."""
         self._want = key
-        if self.table.find(key_hash(key), self._same) < 0 or self._seen is None:
+        if self.table.find(h, self._same) < 0 or self._seen is None:
             return None
         record = self._seen
         if record.stored < now - self.window:
@@ -431,16 +468,38 @@ class KeyStore:
 
     def rollback(self) -> None:
         """The flush under way failed: its records were cut back with its rows (none is read)."""
-        self._new = 0
+        self._new = []
 
-    def commit(self) -> None:
-        """After a flush's commit point: read its records (and any before them) into memory,
-        then expire at most twice its new keys plus EXPIRE_SLACK of the oldest."""
-        new, self._new = self._new, 0
+    def commit(self, size_before: int | None = None) -> None:
+        """After a flush's commit point: its new keys into memory (``size_before``: the size of
+        their segment before the flush wrote them, from its intent; or they are read back from
+        the log), then expire at most twice as many plus EXPIRE_SLACK of the oldest."""
+        new, self._new = self._new, []
         if not new:
             return
-        self.refresh()
-        self._expire(2 * new + EXPIRE_SLACK)
+        number, data = self._new_at
+        if size_before is not None and size_before == self._ends.get(number, 0) and self._take_own(number, size_before):
+            base = place(number, size_before)
+            for h, offset, _ in new:
+                self._want = data[offset + FIXED : offset + FIXED + data[offset + KEY_LENGTH_AT]]
+                self.table.put(h, base + offset, self._same)
+            self._ends[number] = size_before + len(data)
+            seq = new[-1][2]
+            self._flush_first, self.newest = new[0][2], seq
+            self.last = (self._want.decode(), seq, time.time())
+        else:
+            self.refresh()
+        self._expire(2 * len(new) + EXPIRE_SLACK)
+
+    def _take_own(self, number: int, size_before: int) -> bool:
+        """Whether this process reads segment ``number`` on from ``size_before`` (it made it: opened now)."""
+        if number == self._segment and number in self._fds:
+            return True
+        if number != self._segment + 1 or size_before != 0 or self._open_segment(number) is None:
+            return False
+        self._ends[number] = 0
+        self._segment = number
+        return True
 
     # -- expiry ----------------------------------------------------------------------------------
 
@@ -450,11 +509,17 @@ class KeyStore:
         cutoff = time.time() - self.window
         done = 0
         while True:
+            if self._oldest is not None:  # known: most commits expire nothing, and read nothing
+                seq, stored = self._oldest
+                if not (stored < cutoff or (self.newest - seq + 1 > self.max_keys and seq < self._flush_first)):
+                    self.count = self.newest - seq + 1
+                    return
             found = self._walk_record()
             if found is None:
                 self.count = 0
                 return
             record, where, after = found
+            self._oldest = (record.seq, record.stored)
             due = record.stored < cutoff or (
                 self.newest - record.seq + 1 > self.max_keys and record.seq < self._flush_first
             )
@@ -464,7 +529,7 @@ class KeyStore:
             self.table.remove(key_hash(record.key), where)
             self.expired += 1
             done += 1
-            self._walk = (self._walk[0], after)
+            self._walk, self._oldest = (self._walk[0], after), None
 
     def _walk_record(self) -> tuple[Record, int, int] | None:
         """The record at expiry's cursor (its place and the offset after it), moving to the next
