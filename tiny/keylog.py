@@ -209,6 +209,14 @@ class KeyTable:
         self.size -= 1
         return True
 
+    def slots(self) -> tuple[array[int], array[int], int, float]:
+        """The arrays, the mask and the size past which the table grows (for a caller's inlined
+        probe, tiny.keys; it adds ``size`` and calls :meth:`grow` itself)."""
+        return self._hashes, self._places, self._mask, _LOAD * (self._mask + 1)
+
+    def grow(self) -> None:
+        self._resize(2 * (self._mask + 1))
+
     def _resize(self, capacity: int) -> None:
         old_hashes, old_places = self._hashes, self._places
         self._mask = capacity - 1

@@ -83,6 +83,7 @@ WAL_LIMIT = 4 * 1024**2  # bytes the -wal is cut back to after a checkpoint (jou
 _WALK_READ = 1 << 16  # bytes expiry reads of the oldest segment at a time
 _RECORD_READ = 512  # bytes a lookup reads first of a record (most records are shorter)
 _LOAD_READ = 1 << 24  # bytes the start reads of a segment at a time
+_SAMPLE_READ = 1 << 16  # bytes of the first segment a start reads to size the key table
 
 _SEGMENT_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC  # read (pread), appended to by flushes, cut when torn
 _SCHEMA = "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID"
@@ -278,8 +279,12 @@ class KeyStore:
     def load(self) -> None:
         """Read the segments up to the sizes :meth:`attach_log` noted (without the lock)."""
         noted, self._noted = self._noted, {}
-        if not self._ends:
-            self.table.reserve(sum(noted.values()) // 96)
+        if not self._ends and noted:  # a first reading: room for about as many keys as the log holds
+            first = min(noted)
+            sample = os.pread(self._fds[first], _SAMPLE_READ, 0)
+            offsets = [offset for offset, _ in records(sample)]
+            if len(offsets) > 1:
+                self.table.reserve(int(sum(noted.values()) / (offsets[-1] / (len(offsets) - 1))))
         for number in sorted(noted):
             start = self._ends.get(number, 0)
             if noted[number] > start:
@@ -339,10 +344,13 @@ class KeyStore:
 
     def _take(self, buf: bytes, base: int) -> tuple[int, int]:
         """Take the whole records of ``buf`` (at place ``base``) into memory: (the end of the
-        last whole one, len(buf)). The loop a start runs 10 million times: decode() inlined."""
+        last whole one, len(buf)). The loop a start runs 10 million times: decode() and
+        KeyTable.put() inlined (the same probe: a slot of the same hash is the same key only
+        when its record says so)."""
         view = memoryview(buf)
         unpack_head, unpack_fields, crc32 = HEAD.unpack_from, FIELDS.unpack_from, zlib.crc32
-        put, same = self.table.put, self._same
+        table, same = self.table, self._same
+        hashes, places, mask, limit = table.slots()
         cutoff = time.time() - self.window
         newest, flush_first, last = self.newest, self._flush_first, -1
         at, end = 0, len(buf)
@@ -360,14 +368,29 @@ class KeyStore:
                     flush_first = seq
                 if stored >= cutoff:
                     key = buf[at + FIXED : at + FIXED + key_length]
-                    self._want = key
-                    put(hash(key) or 1, base + at, same)
+                    h = hash(key) or 1
+                    i = h & mask
+                    while True:
+                        found = hashes[i]
+                        if found == 0:
+                            hashes[i], places[i] = h, base + at
+                            table.size += 1
+                            if table.size > limit:
+                                table.grow()
+                                hashes, places, mask, limit = table.slots()
+                            break
+                        if found == h:
+                            self._want = key
+                            if same(places[i]):
+                                places[i] = base + at
+                                break
+                        i = (i + 1) & mask
             at = stop
         self.newest, self._flush_first = newest, flush_first
         if last >= 0:
-            found = decode(view, last, end)
-            if found is not None:
-                self.last = (found[0].key.decode(), found[0].seq, found[0].stored)
+            found_last = decode(view, last, end)
+            if found_last is not None:
+                self.last = (found_last[0].key.decode(), found_last[0].seq, found_last[0].stored)
         return at, end
 
     def _same(self, where: int) -> bool:
