@@ -243,6 +243,14 @@ class KeyStore:
             return []
         return sorted(number for name in names if (number := segment_number(name)) is not None)
 
+    def holds_keys(self) -> bool:
+        """Whether the key log holds any record (read or not: a segment with bytes)."""
+        for number in self.segments():
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(os.path.join(self._dir, f"{number:08d}.log")).st_size > 0:
+                    return True
+        return False
+
     def attach_log(self) -> None:
         """Open the log's segments and note their sizes for :meth:`load` (under the lock, after
         recovery: every byte below them is committed). Keys read by an earlier opening are
