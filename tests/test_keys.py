@@ -257,3 +257,19 @@ def test_closing_stops_a_reading_of_the_keys_under_way(tmp_path: Path) -> None:
     again.open()
     again.close()
     assert again.keys.table.size == 0 and not again.keys.stop_loading
+
+
+def test_a_reopened_journal_whose_key_log_was_replaced_reads_the_new_one_from_its_start(tmp_path: Path) -> None:
+    """Its segment is another file now (another inode): the keys read before are dropped and
+    the log read again, the journal's meta database staying open."""
+    journal = opened(tmp_path)
+    commit_keys(journal, claims("old"))
+    journal.close()
+    segment = tmp_path / segment_name(1)
+    replaced = encode(1, time.time(), FIRST, b"new", b"d", b"a" * 200)
+    segment.unlink()
+    segment.write_bytes(replaced)
+    journal.open()
+    assert journal.keys_read(10) and journal.keys.table.size == 1
+    assert journal.keys.meta("data_dir_id") is not None  # the meta database still open
+    assert _replayed(journal, "new", "old") == [True, False]

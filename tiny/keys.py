@@ -214,6 +214,9 @@ class KeyStore:
                 self._db.close()
             self._db = None
         self._inode = 0
+        self._close_log()
+
+    def _close_log(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds = {}
@@ -267,7 +270,7 @@ class KeyStore:
             known = self._inodes.get(number)
             if known is not None and known != (stat.st_dev, stat.st_ino):
                 os.close(fd)
-                self.close()
+                self._close_log()  # (the meta database stays open)
                 self._reset()
                 self.attach_log()
                 return
@@ -275,7 +278,7 @@ class KeyStore:
             self._inodes[number] = (stat.st_dev, stat.st_ino)
             self._noted[number] = stat.st_size
         if any(number not in self._fds for number in unread):  # a segment this process still needed is gone
-            self.close()
+            self._close_log()
             self._reset()
             self.attach_log()
             return
