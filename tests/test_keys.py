@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
 import threading
@@ -12,7 +13,7 @@ import pytest
 
 from tests.journal_support import Append, claims, commit_keys, flush, opened
 from tiny import layout
-from tiny.commit import Claim, Stored, Unavailable
+from tiny.commit import Claim, Refused, Stored, Unavailable
 from tiny.commit.local import LocalCommit
 from tiny.files import size_of
 from tiny.keylog import FIRST, KeyTable, encode, records, segment_name
@@ -273,3 +274,55 @@ def test_a_reopened_journal_whose_key_log_was_replaced_reads_the_new_one_from_it
     assert journal.keys_read(10) and journal.keys.table.size == 1
     assert journal.keys.meta("data_dir_id") is not None  # the meta database still open
     assert _replayed(journal, "new", "old") == [True, False]
+
+
+def test_two_processes_crashing_flushes_and_reopening_over_rotating_segments_agree_with_a_model(
+    tmp_path: Path,
+) -> None:
+    """Random flushes of new keys from two journals of one data dir (two processes), some
+    killed after their writes (before the mark), journals closed and reopened, in segments of
+    600 bytes with at most 40 keys counted: after every step both decide like the model, the
+    newest 40 keys committed count (those of the newest flush always), no key of a killed flush
+    does, and the segments expiry walked past are gone."""
+    rng = random.Random(45)
+    journals = [opened(tmp_path, max_keys=40, segment_bytes=600) for _ in range(2)]
+    committed: list[list[str]] = []  # flushes, in commit order
+    killed: list[str] = []
+    for step in range(160):
+        which = rng.randrange(2)
+        keys = [f"s{step}-k{n}" for n in range(rng.randint(1, 4))]
+        action = rng.random()
+        if action < 0.15:
+            _die_after_writes(journals[which], [Append({}, claim) for claim in claims(*keys)])
+            killed += keys
+            journals[which] = opened(tmp_path, max_keys=40, segment_bytes=600)
+        elif action < 0.22:
+            journals[which].close()
+            journals[which].open()
+        else:
+            assert commit_keys(journals[which], claims(*keys)).decisions == [None] * len(keys)
+            committed.append(keys)
+        if step % 10 == 9:
+            order = [key for flush_ in committed for key in flush_]
+            counting = set(order[-40:]) | set(committed[-1])
+            probe = rng.sample(order, min(12, len(order))) + rng.sample(killed, min(4, len(killed)))
+            for journal in journals:
+                with journal.locked():
+                    decisions, _ = journal.keys.decide(claims(*probe))
+                    journal.keys.rollback()
+                assert [d is not None for d in decisions] == [key in counting for key in probe], step
+    segments = sorted(layout.state_dir(tmp_path).joinpath("keys").iterdir())
+    assert segments[0].name != "00000001.log" and len(segments) < 12
+
+
+def test_a_key_log_cut_under_a_running_server_refuses_its_next_keyed_flush(tmp_path: Path) -> None:
+    """Its committed keys are gone: a retry of theirs would be written again. The flush is
+    refused (the sink answers 503 and reopens the journal, whose committed sizes refuse it too)."""
+    journal = opened(tmp_path)
+    commit_keys(journal, claims("a", "b"))
+    segment = tmp_path / segment_name(1)
+    os.truncate(segment, size_of(segment) // 2)
+    with pytest.raises(Refused, match="shorter than the .* this server read from it"):
+        commit_keys(journal, claims("c"))
+    journal.close()
+    assert "shorter than the" in str(pytest.raises(Refused, opened, tmp_path).value)

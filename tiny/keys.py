@@ -316,6 +316,11 @@ class KeyStore:
             end = self._ends.get(number, 0)
             if size > end:
                 end = self._read(number, end, size, cut=True)
+            elif size < end:
+                raise Found(
+                    f"the key log {self._dir}/{number:08d}.log is {size} bytes, shorter than the {end} this server "
+                    "read from it: committed keys are gone (cut by hand, or an older copy restored)"
+                )
             if end < self.segment_bytes:
                 return
             if self._open_segment(number + 1) is None:
