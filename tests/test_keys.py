@@ -16,6 +16,7 @@ from tiny import layout
 from tiny.commit import Claim, Refused, Stored, Unavailable
 from tiny.commit.local import LocalCommit
 from tiny.files import size_of
+from tiny.intent import FileSpan
 from tiny.keylog import FIRST, KeyTable, encode, records, segment_name
 
 
@@ -326,3 +327,25 @@ def test_a_key_log_cut_under_a_running_server_refuses_its_next_keyed_flush(tmp_p
         commit_keys(journal, claims("c"))
     journal.close()
     assert "shorter than the" in str(pytest.raises(Refused, opened, tmp_path).value)
+
+
+def test_an_upgrade_over_a_flush_of_the_previous_format_killed_after_its_keys_committed_keeps_its_rows(
+    tmp_path: Path,
+) -> None:
+    """The previous format's crash point after-commit: its keys in SQLite, its intent still
+    live. The first opening of this version keeps the rows (the first key is found in the old
+    table), then copies the keys into the log: the retry is answered from it."""
+    (tmp_path / "d.csv").write_bytes(b"h\n")
+    journal = opened(tmp_path)
+    with journal.locked():
+        journal.intent.write([FileSpan("d.csv", 2, 4, False)], "k1")
+        (tmp_path / "d.csv").write_bytes(b"h\n1\n")
+    journal.close()
+    db = sqlite3.connect(layout.journal_path(tmp_path))
+    db.execute("CREATE TABLE idempotency_keys (seq INTEGER PRIMARY KEY, key TEXT UNIQUE, digest, answer, stored)")
+    db.execute("INSERT INTO idempotency_keys VALUES (7, 'k1', x'64', x'61', ?)", (time.time(),))
+    db.commit()
+    db.close()
+    again = opened(tmp_path)
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"
+    assert commit_keys(again, claims("k1")).decisions == [Stored(b"d", b"a")]
