@@ -22,8 +22,11 @@ class Append:
 
 
 def opened(data: Path, accept_new: bool = False, **kwargs: object) -> LocalCommit:
+    """A journal of ``data``, opened, its keys read (a flush waits for them itself; a test
+    that calls the key store directly must not race their reading)."""
     journal = LocalCommit(data, **kwargs)  # type: ignore[arg-type]
     journal.open(accept_new=accept_new)
+    assert journal.keys_read(30)
     return journal
 
 

@@ -300,6 +300,7 @@ def test_two_processes_crashing_flushes_and_reopening_over_rotating_segments_agr
         elif action < 0.22:
             journals[which].close()
             journals[which].open()
+            assert journals[which].keys_read(30)
         else:
             assert commit_keys(journals[which], claims(*keys)).decisions == [None] * len(keys)
             committed.append(keys)

@@ -138,6 +138,7 @@ class KeyStore:
         self._seen: Record | None = None  # the record the last confirmed probe read
         self._new: list[tuple[int, int, int]] = []  # the flush under way's new keys: (hash, offset in its bytes, seq)
         self._new_at = (0, b"")  # the segment they go to, and their bytes
+        self._loading = False  # load() is (or is to be) under way, on another thread
         self._oldest: tuple[int, float] | None = None  # (seq, stored) of the record at expiry's cursor
 
     @property
@@ -286,6 +287,7 @@ class KeyStore:
             self._segment = max(self._segment, found[-1])
             if not self._ends:
                 self._walk = (found[0], 0)
+        self._loading = bool(self._noted)  # until load() ends: is_stored() reads the disk, not the table
 
     def load(self) -> None:
         """Read the segments up to the sizes :meth:`attach_log` noted (without the lock)."""
@@ -300,6 +302,8 @@ class KeyStore:
             start = self._ends.get(number, 0)
             if noted[number] > start:
                 self._read(number, start, noted[number], cut=False)
+        if not self.stop_loading:
+            self._loading = False
 
     def refresh(self) -> None:
         """Read what was appended since this process last read (under the lock, after
@@ -428,9 +432,10 @@ class KeyStore:
 
     def is_stored(self, key: str) -> bool:
         """Whether the log holds ``key``, however old (an intent of the previous format names its
-        first key: stored means that flush committed). Before :meth:`load`, a scan of the log."""
+        first key: stored means that flush committed). Until :meth:`load` has ended (it runs on
+        another thread), a scan of the log on disk, which never touches the table it fills."""
         wanted = key.encode()
-        if self._ends:
+        if self._ends and not self._loading:
             self._want = wanted
             return self.table.find(key_hash(wanted), self._same) >= 0
         if self._db is not None:
