@@ -11,7 +11,7 @@
 # Stages: `builder` installs Rust (Debian's packages) and maturin, builds the wheel of the package
 # (tiny + tiny._codec) and /venv with requirements.txt's pins and that wheel; `runtime` is the
 # user, entrypoint and settings; `ingest` is runtime + that /venv, and `analytics` the same image
-# under its older name (it added polars until the row queries left it, session 10). No compiler,
+# under a second name, kept so that compose files naming it go on working. No compiler,
 # cargo, pip or crate reaches a final image.
 #
 # BASE_IMAGE: any Debian-like image with Python 3.11 and its venv module whose apt sources carry

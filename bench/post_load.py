@@ -27,7 +27,9 @@ from urllib.parse import urlsplit
 async def _client(
     host: str, port: int, path: str, body: bytes, extra: str, prefix: str | None, number: int, deadline: float
 ) -> tuple[list[float], int, int]:
-    """One keep-alive connection posting until ``deadline``: (latencies, non-2xx, failed)."""
+    """One keep-alive connection posting until ``deadline``: (latencies, non-2xx, failed).
+    A server that ends the connection after an answer with ``Connection: close`` (nginx does
+    after ``keepalive_requests``, 1,000 by default) gets a new one, as a client would."""
     latencies: list[float] = []
     non2xx = failed = 0
     reader, writer = await asyncio.open_connection(host, port)
@@ -40,13 +42,19 @@ async def _client(
         started = time.monotonic()
         writer.write((head + key + "\r\n").encode())
         writer.write(body)
+        closing = False
         try:
             status_line = await reader.readline()
+            if not status_line:
+                raise asyncio.IncompleteReadError(b"", None)  # closed without an answer
             length = 0
             while (line := await reader.readline()) not in (b"\r\n", b""):
                 name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
+                name = name.strip().lower()
+                if name == b"content-length":
                     length = int(value)
+                elif name == b"connection" and value.strip().lower() == b"close":
+                    closing = True
             await reader.readexactly(length)
         except (OSError, asyncio.IncompleteReadError, ValueError):
             failed += 1
@@ -54,6 +62,9 @@ async def _client(
         latencies.append(time.monotonic() - started)
         if not status_line[9:10] == b"2":
             non2xx += 1
+        if closing:
+            writer.close()
+            reader, writer = await asyncio.open_connection(host, port)
     writer.close()
     return latencies, non2xx, failed
 

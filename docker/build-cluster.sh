@@ -20,23 +20,8 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
     BASE_IMAGE=$BASE_IMAGE TARGETS=" " docker/build-offline.sh
 fi
 
-# BuildKit through whichever CLI can drive the engine's (as build-offline.sh does), else the legacy builder.
-build() {
-    if docker buildx version >/dev/null 2>&1; then
-        docker build "$@"
-        return
-    fi
-    local cli
-    for cli in docker /usr/bin/docker; do
-        if command -v "$cli" >/dev/null &&
-            "$cli" version --format '{{.Client.Version}}' 2>/dev/null | grep -qE '^(18\.09|19\.|20\.|2[12]\.)'; then
-            DOCKER_BUILDKIT=1 "$cli" build --progress=plain "$@"
-            return
-        fi
-    done
-    DOCKER_BUILDKIT=0 docker build "$@"
-}
+. docker/buildkit.sh
 
-build --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$PG_IMAGE" docker/pg
+docker_build --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$PG_IMAGE" docker/pg
 printf '\n== %s built in %ds\n' "$PG_IMAGE" $((SECONDS - started))
 docker image ls --format '{{.Repository}}:{{.Tag}}  {{.Size}}' "$PG_IMAGE"

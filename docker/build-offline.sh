@@ -87,23 +87,7 @@ build_base() {
             - "$BASE_IMAGE"
 }
 
-# The engine's own BuildKit halves build times; a docker CLI without buildx (23+) cannot use
-# it, but an older CLI (Debian's 20.10 /usr/bin/docker) can: use whichever works.
-docker_build() {
-    if docker buildx version >/dev/null 2>&1; then
-        docker build "$@"
-        return
-    fi
-    local cli
-    for cli in docker /usr/bin/docker; do
-        if command -v "$cli" >/dev/null &&
-            "$cli" version --format '{{.Client.Version}}' 2>/dev/null | grep -qE '^(18\.09|19\.|20\.|2[12]\.)'; then
-            DOCKER_BUILDKIT=1 "$cli" build --progress=plain "$@"
-            return
-        fi
-    done
-    DOCKER_BUILDKIT=0 docker build "$@"
-}
+. docker/buildkit.sh
 
 step "base image $BASE_IMAGE"
 if [ "${REBUILD_BASE:-0}" != 1 ] && docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then

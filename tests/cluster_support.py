@@ -1,4 +1,4 @@
-"""What the cluster tests share: a fresh database per test, commit logs that close, a frozen WAL receiver."""
+"""What the cluster tests share: fresh databases, a frozen WAL receiver, a host's files and position, bounds."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tiny import layout
+from tiny.testing import Server
 from tiny.testing_pg import ETCD, PATRONI, PG_BIN, PgCluster
 
 MISSING = [
@@ -91,3 +93,39 @@ def without_password(cluster: PgCluster, dsn: str, folder: Path) -> str:
     passfile.chmod(0o600)
     params = {k: v for k, v in conninfo_to_dict(dsn).items() if k != "password"}
     return make_conninfo("", **{**params, "passfile": str(passfile)})
+
+
+# -- hosts in cluster mode (tiny.testing.Server with --cluster) --------------------------------
+
+
+def health(server: Server) -> dict[str, Any]:
+    return server.request("GET", "/healthz").json()  # type: ignore[no-any-return]
+
+
+def applied(server: Server) -> int:
+    return int(health(server)["cluster"]["applied"])
+
+
+def wait_applied(position: int, *servers: Server, timeout: float = 30.0) -> None:
+    for server in servers:
+        eventually(lambda server=server: applied(server) >= position, timeout)  # type: ignore[misc]
+
+
+def data_files(server: Server) -> dict[str, bytes]:
+    """Every day file and rejects file of a host's data dir: name -> bytes."""
+    assert server.data_dir is not None
+    root = server.data_dir
+    return {
+        str(path.relative_to(root)): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and layout.is_data_file(str(path.relative_to(root)))
+    }
+
+
+def a_requests_bound() -> float:
+    """The longest a POST may take: its wait for a primary (--lock-timeout, 5 s) and one commit
+    (tiny.cluster.log CommitLog.bound with cluster mode's timeouts, three nodes)."""
+    from tiny.cluster.log import CommitLog
+    from tiny.commit.cluster import TIMEOUTS
+
+    return 5.0 + CommitLog("host=a,b,c", timeouts=TIMEOUTS).bound

@@ -13,7 +13,8 @@ from tiny.committed_sizes import SizeTable
 
 @pytest.mark.hardening("third 9: a live copy lacking an acknowledged batch started; its retry was answered replayed")
 def test_a_file_shorter_than_the_journal_knows_was_committed_is_refused_at_open(tmp_path: Path) -> None:
-    """The last flush wrote b.csv only: the old tree checked that flush's files, not a.csv."""
+    """The last flush wrote b.csv only: every file a flush ever wrote is checked, a.csv too, not
+    the last flush's files alone."""
     data = tmp_path / "data"
     journal = opened(data)
     flush(journal, "a.csv", b"h\n1\n", "k1")

@@ -75,8 +75,8 @@ def test_a_deleted_journal_stops_the_start_and_new_journal_replaces_it_knowingly
 
 @pytest.mark.hardening("exactly once 5: a lock file deleted under a running server split the lock in two")
 def test_a_deleted_lock_file_stops_every_writer_instead_of_splitting_the_lock(tmp_path: Path) -> None:
-    """The old tree: a restarted worker locked a new inode while the other locked the old one,
-    and 50 of 14,653 acknowledged batches ended with 0 rows."""
+    """A restarted worker never locks a new inode while the other locks the old one: two locks
+    would let two flushes overlap (50 of 14,653 acknowledged batches ended with 0 rows so)."""
     data = tmp_path / "data"
     with Server(data, processes=2) as server:
         post_all(server, range(10))
@@ -109,8 +109,8 @@ def test_a_journal_mode_other_than_the_one_in_use_is_refused_at_start(tmp_path: 
 
 @pytest.mark.hardening("exactly once 4: a journal that failed to open leaked descriptors and said 200 on /healthz")
 def test_a_journal_broken_under_a_running_server_gets_503_and_heals_without_a_restart(tmp_path: Path) -> None:
-    """The old tree leaked 2 descriptors per request until the worker died at 20,000, and
-    stayed dead after the cause was fixed; /healthz said 200 all along."""
+    """No descriptor leaks per request (2 a request would kill the worker at 20,000), the
+    server heals once the cause is fixed, and /healthz says 503 meanwhile."""
     data = tmp_path / "data"
     with Server(data) as server:
         post_all(server, range(1))
@@ -233,7 +233,7 @@ def test_a_writer_paused_in_a_flush_never_commits_after_its_lock_file_was_replac
         second = Server(data, "--lock-timeout", "30")
         starting = threading.Thread(target=second.start, kwargs={"timeout": 60})
 
-        def up_or_waiting() -> bool:  # the old tree: up, the flush cut; now: the new lock held, waiting
+        def up_or_waiting() -> bool:  # up (the flush cut: the failure) or the new lock held, waiting
             holder = lock.read_bytes()[64:].split()[:1]
             opening = second.proc is not None and holder == [str(second.proc.pid).encode()]
             return not starting.is_alive() or (opening and lock_is_held(data))
@@ -257,8 +257,8 @@ def test_a_writer_paused_in_a_flush_never_commits_after_its_lock_file_was_replac
 @pytest.mark.hardening("third 9: a live copy lacking an acknowledged batch started; its retry was answered replayed")
 def test_a_live_copy_made_day_by_day_is_refused_naming_the_file_and_the_bytes_missing(tmp_path: Path) -> None:
     """Day 1 copied, then keyed batches to day 1 and to day 2, then day 2 and .tiny/ copied:
-    the old tree started on the copy (the last flush wrote day 2 only), and the batches missing
-    from its day 1 were answered "replayed"."""
+    the copy is refused though the last flush wrote day 2 only: started, it would answer the
+    batches missing from its day 1 "replayed"."""
     data, copy = tmp_path / "data", tmp_path / "copy"
     day1, day2 = (f"{day}.csv" for day in DAYS)
     with Server(data) as server:

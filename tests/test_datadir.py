@@ -31,7 +31,7 @@ def test_the_identity_files_are_written_with_one_id(tmp_path: Path) -> None:
 
 @pytest.mark.hardening("exactly once 10: a deleted journal was silently replaced by an empty one")
 def test_a_deleted_journal_is_refused(tmp_path: Path) -> None:
-    """The old tree made a new, empty one: 80 of 80 retried keyed batches were written again."""
+    """Never made again, empty: every retried keyed batch (80 of 80) would be written again."""
     opened(tmp_path).close()
     layout.journal_path(tmp_path).unlink()
     assert "is missing" in refusal(tmp_path)
@@ -97,7 +97,7 @@ def test_files_shorter_than_the_last_committed_flush_left_them_are_refused(tmp_p
 @pytest.mark.hardening("exactly once 6: a data dir copied while live lost 24,900 acknowledged rows at its first flush")
 def test_a_data_dir_copied_while_a_flush_ran_is_refused(tmp_path: Path) -> None:
     """`cp -r` took .tiny/ with a flush's intent live, then the day file after more flushes:
-    the old tree cut 24,900 acknowledged rows back to the intent's size."""
+    recovering that intent would cut acknowledged rows (24,900) back to the intent's size."""
     data = tmp_path / "data"
     journal = opened(data)
     flush(journal, "d.csv", b"h\n1\n", "k1")
@@ -167,7 +167,7 @@ def test_new_journal_undoes_an_unfinished_flush_without_keys_and_keeps_one_with_
 
 @pytest.mark.hardening("exactly once 4: a journal that failed to open leaked descriptors and said 200 on /healthz")
 def test_a_failed_open_leaves_no_descriptor_open(tmp_path: Path) -> None:
-    """The old tree leaked the lock's descriptor on each failed open: 20,000 of them."""
+    """Each failed open closes the lock's descriptor (20,000 failed opens leave none)."""
     opened(tmp_path).close()
     journal_path = layout.journal_path(tmp_path)
     journal_path.unlink()

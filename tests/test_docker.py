@@ -145,7 +145,7 @@ def test_the_ingest_image_is_at_most_200_mb_and_serves_with_the_compiled_codec(
     images: dict[str, float], tmp_path: Path, figures: dict[str, object]
 ) -> None:
     """The compiled codec built in the image; every answer works there: from the aggregates,
-    and from one whale's rows (no polars since session 10). `analytics` is the same image."""
+    and from one whale's rows (read with the standard library). `analytics` is the same image."""
     ingest, analytics = "tiny-data-server-ingest:local", "tiny-data-server-analytics:local"
     figures.update(
         case="image sizes", ingest_mb=round(_image_size(ingest) / 1e6), analytics_mb=round(_image_size(analytics) / 1e6)

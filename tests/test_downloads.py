@@ -1,4 +1,4 @@
-"""The downloads API (tiny.downloads, tiny.handlers.downloads) and its store (tiny.aggregates).
+"""The downloads API (tiny.cran_api, tiny.handlers.cran_api) and its store (tiny.aggregates).
 
 Every count is checked against a count made here of the same rows (collections.Counter over
 tiny.cranlog.iter_records of the sample day, and of a second day made from it: every third
@@ -28,11 +28,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support import ROOT, SAMPLE_DAY, Server, package_counts, record, sample_csv, second_day_csv
-from tiny import aggregates, badges, codec
+from tiny import aggregate_sql, aggregates, badges, codec
 from tiny.aggregates import Aggregates
-from tiny.analytics import store as dashboard
+from tiny.analytics import answers
+from tiny.cran_api import Period, parse_packages, parse_period
 from tiny.cranlog import iter_records
-from tiny.downloads import Period, parse_packages, parse_period
 from tiny.layout import HEADER
 from tiny.testing import InProcessServer, server_env
 
@@ -186,9 +186,9 @@ def test_the_store_keeps_hours_and_ip_ids_exact(tmp_path: Path) -> None:
         size += r["size"]
     assert dict(store.db.execute("SELECT hour, downloads FROM hours WHERE day = ?", (DAY,))) == hours
     stored = store.db.execute("SELECT ip, downloads FROM ips WHERE day = ?", (DAY,))
-    assert {ip + aggregates.IP_OFFSET: n for ip, n in stored} == ips
+    assert {ip + aggregate_sql.IP_OFFSET: n for ip, n in stored} == ips
     rows, hi, lo = store.db.execute("SELECT rows, bytes_hi, bytes_lo FROM files WHERE day = ?", (DAY,)).fetchone()
-    assert (rows, aggregates.join_bytes(hi, lo)) == (77_107, size)
+    assert (rows, aggregate_sql.join_bytes(hi, lo)) == (77_107, size)
 
 
 def test_ip_ids_and_sizes_up_to_2_to_the_64_neither_break_nor_skew_the_counts(tmp_path: Path) -> None:
@@ -200,10 +200,10 @@ def test_ip_ids_and_sizes_up_to_2_to_the_64_neither_break_nor_skew_the_counts(tm
     assert store.fold(sizes_of(tmp_path)) == 4
     append_rows(path, [row])  # a second fold adds to the stored sums
     assert store.fold(sizes_of(tmp_path)) == 1
-    top = dashboard.day_aggregate(store, DAY, 2)
+    top = answers.day_aggregate(store, DAY, 2)
     assert top is not None
-    assert top["bytes"] == 4 * biggest + 1000 and top["downloads"] == 5
-    whales = [(w["ip_id"], w["downloads"], w["bytes"]) for w in top["whales"]]
+    assert top.bytes == 4 * biggest + 1000 and top.downloads == 5
+    whales = [(w.ip_id, w.downloads, w.bytes) for w in top.whales]
     assert whales == [(biggest, 4, 4 * biggest), (1, 1, 1000)]
     assert store_counts(tmp_path)[DAY] == {"huge": 4, "small": 1}
 
@@ -245,7 +245,7 @@ def test_a_row_whose_strings_hold_unicode_line_separators_is_counted(tmp_path: P
     assert store.db.execute("SELECT skipped FROM files").fetchone() == (0,)
 
 
-def sums_of(sums: aggregates._Sums) -> tuple[object, ...]:
+def sums_of(sums: aggregates.Sums) -> tuple[object, ...]:
     return (
         sums.rows, sums.bytes, sums.skipped, dict(sums.packages), dict(sums.hours),
         {ip: tuple(totals) for ip, totals in sums.ips.items()}, dict(sums.ip_hours), dict(sums.ip_countries),

@@ -22,7 +22,7 @@ from PIL import ImageColor
 
 from tests.support import package_counts, record, sample_csv, second_day_csv
 from tiny import badges
-from tiny.downloads import Period, parse_period
+from tiny.cran_api import Period, parse_period
 from tiny.testing import InProcessServer, Response, raw_exchange
 
 DAY, SECOND = "2014-05-04", "2014-05-06"

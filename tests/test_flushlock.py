@@ -32,7 +32,7 @@ def test_a_busy_lock_times_out_naming_its_holder(tmp_path: Path) -> None:
 
 @pytest.mark.hardening("exactly once 5: a lock file deleted under a running server split the lock in two")
 def test_a_lock_file_deleted_while_open_stops_writes_and_is_refused_at_open(tmp_path: Path) -> None:
-    """The old tree let a restarted worker lock a new inode while the others locked the old one."""
+    """A restarted worker never locks a new inode while the others lock the old one."""
     journal = opened(tmp_path)
     layout.lock_path(tmp_path).unlink()
     with pytest.raises(Refused, match="lock was deleted or replaced while the server ran"), journal.locked():
@@ -80,8 +80,8 @@ def replace_lock_file(data: Path) -> None:
 @pytest.mark.hardening("third 8: a writer paused mid-flush committed after its lock file was replaced and recovered")
 def test_a_flush_under_way_keeps_a_writer_of_a_replaced_lock_file_from_recovering_it(tmp_path: Path) -> None:
     """The lock file replaced while a writer is in a flush: another journal takes the new lock,
-    but can neither open nor recover until that flush ends (the old tree cut the flush, whose
-    writer then committed its key: 0 of 100 rows on disk, the retry answered "replayed")."""
+    but can neither open nor recover until that flush ends (a recovery would cut the flush,
+    whose writer then commits its key: 0 of 100 rows on disk, the retry answered "replayed")."""
     (tmp_path / "d.csv").write_bytes(b"h\n")
     journal = opened(tmp_path)
     with journal.locked():

@@ -164,7 +164,8 @@ def test_expiry_deletes_the_segments_it_walks_past_and_their_committed_sizes(tmp
 
 
 def test_a_flush_expires_at_most_twice_its_keys_plus_eight_of_a_backlog(tmp_path: Path) -> None:
-    """5,000 keys past the window (a data dir idle for a day): no flush pays for all of them."""
+    """5,000 keys past the window (a data dir idle for a day): no flush pays for all of them
+    (198k deleted in one flush took 445 ms)."""
     journal = opened(tmp_path, window=3600)
     journal.close()
     stale = time.time() - 7200

@@ -253,3 +253,32 @@ _DATED = re.compile(r"\b(?:sessions? \d+|issue \d+|rounds? \d+ of work)\b", re.I
 def test_the_user_documents_are_not_dated_by_rounds_of_work(document: Path) -> None:
     """What holds and why, not when: git keeps the history of sessions and issues."""
     assert not _DATED.findall(document.read_text())
+
+
+def test_every_metric_the_server_exports_is_named_in_the_readme() -> None:
+    """The /metrics row lists what tiny/metrics.py registers (counters with their ``_total``)."""
+    source = (ROOT / "tiny" / "metrics.py").read_text()
+    registered = re.findall(r'(Counter|Gauge|Histogram)\(\s*"(tiny_\w+)"', source)
+    registered += [("Gauge", name) for name in re.findall(r'gauge\(\s*"(tiny_\w+)"', source)]
+    assert len(registered) >= 15, registered  # the pattern still finds the registrations
+    readme = (ROOT / "README.md").read_text()
+    missing = [
+        name + ("_total" if kind == "Counter" else "")
+        for kind, name in registered
+        if f"`{name}{'_total' if kind == 'Counter' else ''}" not in readme
+    ]
+    assert not missing, f"README's /metrics row does not name {missing}"
+
+
+_TIMES = re.compile(r"^\| (tests/test_\w+\.py) \| ([\d,]+) \|$", re.MULTILINE)
+_TIMES_TOTAL = re.compile(r"^\| every file, [\d,]+ tests \| ([\d,]+) ", re.MULTILINE)
+
+
+def test_the_per_file_test_times_name_files_of_the_suite_slowest_first_within_their_total() -> None:
+    text = README.read_text()
+    rows = [(name, int(seconds.replace(",", ""))) for name, seconds in _TIMES.findall(text)]
+    total = _TIMES_TOTAL.search(text)
+    assert rows and total, "README's Tests section has no per-file times"
+    assert all((ROOT / name).is_file() for name, _ in rows), [name for name, _ in rows if not (ROOT / name).is_file()]
+    assert [seconds for _, seconds in rows] == sorted((seconds for _, seconds in rows), reverse=True)
+    assert sum(seconds for _, seconds in rows) <= int(total.group(1).replace(",", ""))

@@ -130,7 +130,7 @@ def test_batches_and_retry_after() -> None:
 @pytest.mark.hardening("exactly once 8: the same day replayed from .csv.gz and from .csv was written twice")
 def test_the_same_rows_replayed_from_any_encoding_of_the_file_are_written_once(tmp_path: Path) -> None:
     """The keys come from the records, not from the file's bytes: the gunzipped file and a copy
-    with CRLF line ends replay as the .csv.gz did (the old tree wrote 35,200 rows twice)."""
+    with CRLF line ends replay as the .csv.gz did (keys from the bytes wrote 35,200 rows twice)."""
     plain = _small_day(tmp_path / "2014-05-04.csv", 3000)
     packed = tmp_path / "packed" / "2014-05-04.csv.gz"
     packed.parent.mkdir()

@@ -254,8 +254,8 @@ def keyed(sink: DailyFileSink, key: str, rows: bytes) -> asyncio.Future[Outcome]
 
 @pytest.mark.hardening("exactly once 1: one key with two bodies in one flush wrote one and claimed the other")
 def test_one_key_with_two_bodies_in_one_flush_the_first_append_decides(tmp_path: Path) -> None:
-    """The old tree wrote the first body's rows but stored the last one's digest and answer:
-    the written body's retry got 422, the other's 200 (replayed, never written)."""
+    """The rows, the digest and the answer stored are all the first body's: storing the last
+    one's would answer the written body's retry 422, the other's 200 (replayed, never written)."""
 
     async def go() -> list[Outcome]:
         sink, _ = make(tmp_path)
@@ -294,8 +294,8 @@ def test_a_failed_commit_point_of_a_flush_with_keys_cuts_its_rows_and_keys_back_
     tmp_path: Path,
 ) -> None:
     """The keys are in the key log, written with the rows; until the intent's mark nothing of
-    them counts, and a failed mark cuts both back (the old tree left the rows until the next
-    flush's recovery, even across a clean stop): the retry is processed afresh, not replayed."""
+    them counts, and a failed mark cuts both back before the answer (not at the next flush's
+    recovery, nor after a clean stop): the retry is processed afresh, not replayed."""
 
     async def go() -> None:
         sink, _ = make(tmp_path)
@@ -323,8 +323,8 @@ def test_a_failed_commit_point_of_a_flush_with_keys_cuts_its_rows_and_keys_back_
 
 @pytest.mark.hardening("exactly once 7: a failed mark after the key commit wrote rows twice and said 503")
 def test_a_failed_mark_after_the_keys_committed_is_still_a_success(tmp_path: Path) -> None:
-    """The flush committed with its keys: the old tree answered 503 'nothing kept', and wrote
-    the unkeyed rows of the same flush a second time when it retried them one by one."""
+    """The flush committed with its keys: a 503 'nothing kept' would be false, and a retry of
+    the same flush's unkeyed rows one by one would write them a second time."""
 
     async def go() -> list[object]:
         sink, _ = make(tmp_path)
@@ -591,7 +591,7 @@ def test_a_request_waits_for_the_lock_at_most_the_timeout_whatever_waited_before
         return waited
 
     waited = run(go())
-    assert 0.9 < waited < 1.0 + 0.25, waited  # the old tree: the probe's 1 s wait, then its own
+    assert 0.9 < waited < 1.0 + 0.25, waited  # its own bound, not the probe's 1 s wait and then its own
     assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n2\n"
 
 

@@ -87,7 +87,7 @@ def test_a_stopped_lock_holder_gets_503_with_its_pid_and_healthz_says_so(tmp_pat
         healthy = server.request("GET", "/healthz")
     assert refused.status == 503 and refused.headers["retry-after"]
     assert f"held by pid {holder} on " in refused.json()["error"]["message"]
-    assert 0.9 < took < 3.0  # the bound, not forever (the old tree waited until the holder went on)
+    assert 0.9 < took < 3.0  # the bound, not until the holder goes on
     assert health.status == 503 and health.json()["status"] == "failing"
     assert f"held by pid {holder}" in health.json()["reason"]
     assert after.status == 200 and healthy.status == 200  # the holder killed: the lock is free again
@@ -224,8 +224,8 @@ def test_heartbeats_count_only_from_the_end_of_the_readers_own_pause() -> None:
 
 @pytest.mark.hardening("third 10: /healthz answered 200 while another process held the lock, stopped")
 def test_healthz_names_a_stopped_lock_holder_while_no_request_waits(tmp_path: Path) -> None:
-    """No POST of this server waits: /healthz still sees the lock held elsewhere (the old tree
-    said 200 while every POST would get 503 after --lock-timeout)."""
+    """No POST of this server waits: /healthz still sees the lock held elsewhere (a 200 there
+    while every POST would get 503 after --lock-timeout would mislead a balancer)."""
     data = tmp_path / "data"
     with Server(data) as server:
         assert server.ingest(line()).status == 200
@@ -240,8 +240,8 @@ def test_healthz_names_a_stopped_lock_holder_while_no_request_waits(tmp_path: Pa
 
 @pytest.mark.hardening("third 15: the crash tests' self-SIGSTOP was racy: the flush could finish before the stop")
 def test_the_crash_hooks_stop_lands_inside_the_flush_every_time(tmp_path: Path) -> None:
-    """The hook stops its own thread, not the process: in the old tree the main thread took the
-    signal while the flush went on, and 3 of 12 runs stopped after the lock was released."""
+    """The hook stops its own thread, not the process: a signal to the process is taken by the
+    main thread while the flush goes on (3 of 12 runs stopped after the lock was released)."""
     for run in range(5):
         data = tmp_path / f"data{run}"
         with Server(data, "--stall-timeout", "600", env={"TINY_CRASH_AT": "after-commit:1:stop"}) as server:

@@ -7,12 +7,14 @@ import io
 import math
 import random
 import xml.etree.ElementTree as ET
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import pytest
 from PIL import Image
 
 from tiny.analytics import charts
+from tiny.analytics.answers import DayAggregate, Whale
 from tiny.analytics.svg import Canvas, Marks, escape, png, text_width, ticks
 from tiny.cranlog import Row
 
@@ -53,22 +55,27 @@ def test_wide_characters_are_counted_wider_than_latin_ones() -> None:
     assert text_width("x" * 40, 10) == pytest.approx(4 * text_width("x" * 10, 10))
 
 
-def _aggregate(top: int) -> dict[str, Any]:
+def _aggregate(top: int) -> DayAggregate:
     rng = random.Random(top)
-    whales = [
-        {"ip_id": n, "name": f"whale_{n}", "country": "x" * 12, "downloads": 10_000 - n, "bytes": 1,
-         "hourly": [rng.randint(0, 10**6) for _ in range(24)]}
+    whales = tuple(
+        Whale(n, f"whale_{n}", "x" * 12, 10_000 - n, 1, tuple(rng.randint(0, 10**6) for _ in range(24)))
         for n in range(1, top + 1)
-    ]  # fmt: skip
-    hourly = [sum(w["hourly"][h] for w in whales) + 7 for h in range(24)]
-    return {"downloads": sum(hourly), "bytes": 1, "downloaders": top + 1, "hourly": hourly, "whales": whales}
+    )
+    hourly = tuple(sum(w.hourly[h] for w in whales) + 7 for h in range(24))
+    return DayAggregate(sum(hourly), 1, top + 1, hourly, whales)
+
+
+def _hours_of(aggregate: DayAggregate, hourly: Callable[[int, Whale], Sequence[int]]) -> DayAggregate:
+    """``aggregate`` with each whale's hours ``hourly(its place, it)``."""
+    whales = tuple(replace(whale, hourly=tuple(hourly(n, whale))) for n, whale in enumerate(aggregate.whales))
+    return replace(aggregate, whales=whales)
 
 
 def test_each_whale_bar_is_as_long_as_its_downloads() -> None:
     aggregate = _aggregate(5)
     root = ET.fromstring(charts.render("whales", "2014-05-04", aggregate))
     widths = [float(root.find(f".//{_SVG}rect[@id='whale-bar-{i}']").get("width")) for i in range(5)]  # type: ignore[union-attr,arg-type]
-    downloads = [w["downloads"] for w in aggregate["whales"]]
+    downloads = [w.downloads for w in aggregate.whales]
     assert [round(w / widths[0], 3) for w in widths] == [round(d / downloads[0], 3) for d in downloads]
 
 
@@ -81,7 +88,7 @@ def test_a_traffic_bar_stacks_everyone_else_on_the_whales() -> None:
         assert whales is not None and others is not None
         assert float(others.get("y", 0)) + float(others.get("height", 0)) == pytest.approx(float(whales.get("y", 0)))
         ratio = float(others.get("height", 0)) / float(whales.get("height", 1))
-        assert ratio == pytest.approx(7 / sum(w["hourly"][h] for w in aggregate["whales"]), rel=0.05, abs=0.01)
+        assert ratio == pytest.approx(7 / sum(w.hourly[h] for w in aggregate.whales), rel=0.05, abs=0.01)
 
 
 @pytest.mark.parametrize("view", charts.FROM_AGGREGATES)
@@ -187,9 +194,7 @@ def _heatmap_cells(svg: bytes) -> list[list[tuple[int, int, int]]]:
 def test_the_heatmap_scale_is_logarithmic_so_that_small_whales_are_not_all_pale() -> None:
     """Counts 1, 10, 100, 1,000 and 10,000 an hour are evenly spaced on the colour scale (on the
     linear one, all but the biggest were within the palest tenth); no downloads is grey, off it."""
-    aggregate = _aggregate(8)
-    for n, whale in enumerate(aggregate["whales"]):
-        whale["hourly"] = [10 ** min(n, 4) if h == n else 0 for h in range(24)]
+    aggregate = _hours_of(_aggregate(8), lambda n, _: [10 ** min(n, 4) if h == n else 0 for h in range(24)])
     cells = _heatmap_cells(charts.render("hourly", "2014-05-04", aggregate))
     shown = [cells[n][n] for n in range(5)]
     colors = [charts._orange(charts.heat(10**n, 10**4)) for n in range(5)]
@@ -206,10 +211,10 @@ def test_the_heatmap_scale_is_logarithmic_so_that_small_whales_are_not_all_pale(
 
 
 def test_the_heatmap_legend_says_its_scale_is_logarithmic_with_ticks_at_powers_of_ten() -> None:
-    aggregate = _aggregate(10)
-    aggregate["whales"][0]["hourly"][3] = 5_371
-    for whale in aggregate["whales"]:
-        whale["hourly"] = [min(count, 5_371) for count in whale["hourly"]]
+    aggregate = _hours_of(
+        _aggregate(10),
+        lambda n, whale: [5_371 if (n, h) == (0, 3) else min(c, 5_371) for h, c in enumerate(whale.hourly)],
+    )
     root = ET.fromstring(charts.render("hourly", "2014-05-04", aggregate))
     texts = [el.text for el in root.iter(f"{_SVG}text")]
     assert "colour: downloads per hour, log scale" in texts

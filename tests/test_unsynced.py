@@ -30,7 +30,7 @@ from tiny.layout import HEADER
 DAY = "2014-05-04"
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(unsynced.BOOT is None, reason="no boot id on this machine: the store is synced as before"),
+    pytest.mark.skipif(unsynced.BOOT is None, reason="no boot id on this machine: the store is written with fsync"),
 ]
 
 

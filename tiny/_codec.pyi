@@ -13,7 +13,7 @@ store (tiny.aggregates.count): rows, bytes, downloads per package, per hour (24 
 and the ``(start, end)`` of each line it leaves to the rule book (tiny.aggregates._Sums.add).
 
 ``count_lines(fd, start, end, tail)`` counts the LFs among bytes ``start..end`` of an open
-file (tiny.analytics.store.count_rows): the count, the bytes read (fewer at the end of the
+file (tiny.analytics.answers.count_rows): the count, the bytes read (fewer at the end of the
 file) and the last ``tail`` of them.
 """
 

@@ -31,8 +31,8 @@ every server's cached answers: :func:`read_generation`). A day file that is not 
 (a FIFO, a device) is refused at once (:class:`NotARegularFile`), never waited on.
 
 Time. A fold with a deadline keeps to it within a step: each step (one transaction) is sized
-from how long the last ones took here, wall clock, to take about _STEP_SECONDS (at most
-_MAX_STEP bytes, which bounds memory), and no smaller than _MIN_STEP; at the deadline the
+from how long the last ones took here, wall clock, to take about FOLD_STEP_SECONDS (at most
+FOLD_MAX_STEP bytes, which bounds memory), and no smaller than FOLD_MIN_STEP (tiny.limits); at the deadline the
 fold stops and raises :class:`Behind`, which says what is left, read at that moment.
 
 Counting rows: a row is a line of the day file after its header (lines end at LF only: a
@@ -41,7 +41,7 @@ tiny.cranlog.read_row (the row queries read a whale's rows by the same rule); a 
 is the string, a bare ``NA`` is missing. A row that does not parse is skipped
 and counted (``files.skipped``): the CSV the sink writes always parses. With the compiled codec
 in use (tiny.codec.CODEC), ``tiny._codec.tally`` counts the usual rows of a block with the GIL
-released and hands every other line back to :meth:`_Sums.add`, the rule book (about 3x faster
+released and hands every other line back to :meth:`Sums.add`, the rule book (about 3x faster
 a fold; BENCHMARKS.md "Analytics beside ingest").
 
 Errors say what they are (:class:`Unavailable`, a 503): a full disk, an I/O error, the store's
@@ -68,70 +68,18 @@ from urllib.parse import quote
 
 from blake3 import blake3
 
-from tiny import codec, layout, unsynced
+from tiny import aggregate_sql as sql
+from tiny import codec, layout, limits, unsynced
+from tiny.aggregate_sql import Counted
 from tiny.cranlog import read_row
 from tiny.layout import HEADER
 from tiny.transaction import immediate
 
-_VERSION = 3  # PRAGMA user_version: a store of another version is emptied and counted again
-_TABLES = (
-    """CREATE TABLE files (
-    day TEXT PRIMARY KEY, inode INTEGER NOT NULL, head BLOB NOT NULL, tail BLOB NOT NULL,
-    consumed INTEGER NOT NULL, rows INTEGER NOT NULL, bytes_hi INTEGER NOT NULL, bytes_lo INTEGER NOT NULL,
-    skipped INTEGER NOT NULL
-) WITHOUT ROWID""",
-    """CREATE TABLE packages (
-    day TEXT NOT NULL, package TEXT NOT NULL, downloads INTEGER NOT NULL, PRIMARY KEY (day, package)
-) WITHOUT ROWID""",
-    """CREATE TABLE hours (
-    day TEXT NOT NULL, hour INTEGER NOT NULL, downloads INTEGER NOT NULL, PRIMARY KEY (day, hour)
-) WITHOUT ROWID""",
-    """CREATE TABLE ips (
-    day TEXT NOT NULL, ip INTEGER NOT NULL, downloads INTEGER NOT NULL,
-    bytes_hi INTEGER NOT NULL, bytes_lo INTEGER NOT NULL, PRIMARY KEY (day, ip)
-) WITHOUT ROWID""",
-    """CREATE TABLE ip_hours (
-    day TEXT NOT NULL, ip INTEGER NOT NULL, hour INTEGER NOT NULL, downloads INTEGER NOT NULL,
-    PRIMARY KEY (day, ip, hour)
-) WITHOUT ROWID""",
-    """CREATE TABLE ip_countries (
-    day TEXT NOT NULL, ip INTEGER NOT NULL, country TEXT NOT NULL, downloads INTEGER NOT NULL,
-    PRIMARY KEY (day, ip, country)
-) WITHOUT ROWID""",
-    "CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",  # the generation
-    "CREATE INDEX packages_by_name ON packages (package, day)",
-    "CREATE INDEX ips_by_downloads ON ips (day, downloads DESC, ip)",  # a day's top whales: an index range
-)
-_PER_DAY = ("packages", "hours", "ips", "ip_hours", "ip_countries")
-# SQLite integers are signed 64-bit; ip_ids and sizes are unsigned 64-bit (and byte sums grow
-# past 2^64). An ip_id is stored minus 2^63 (order kept: the top whales' ties stay by ip_id);
-# a byte total as two columns, hi = total >> 32 and lo = total & 0xFFFFFFFF, carried on every
-# add, so that it stays exact while hi fits 63 bits: up to 2^95 bytes per day and ip_id.
-IP_OFFSET = 1 << 63
-_LO = 0xFFFFFFFF
-# (SQLite evaluates every SET expression on the row as it was: lo's carry goes into hi.)
-_ADD_BYTES = (
-    "bytes_hi = bytes_hi + excluded.bytes_hi + ((bytes_lo + excluded.bytes_lo) >> 32), "
-    "bytes_lo = (bytes_lo + excluded.bytes_lo) & 4294967295"
-)
-
-_EDGE = 4096  # bytes at a day file's start, and just before its counted offset, that identify it
-_FIRST_STEP = 256 * 1024  # bytes of a process's first fold step, before it has timed one
-_MIN_STEP = 64 * 1024  # longer than any CRAN row (a record's strings are at most 1,024 characters each)
-_MAX_STEP = 8 * 1024**2  # memory stays bounded on a big day
-_SETTLED_NS = 1_000_000_000  # a file unchanged this long before a check is remembered by its stat
-_SEEN_DAYS = 4096  # day files a process remembers so
-_STEP_SECONDS = 2.0  # a fold step (one transaction) aims to take this long, wall clock (8 MiB at 0.1 CPU)
-_MARGIN = 0.5  # of the time left before a deadline, the share a step is sized to (its time is a guess)
-# Bytes left up to which a Behind counts the rows left (their line ends) rather than estimating
-# them: the compiled count reads gigabytes a second, Python's about a tenth of that.
-_EXACT_LEFT = {True: 64 * 1024**2, False: 4 * 1024**2}  # (compiled codec in use) -> bytes
+# bytes at a day file's start, and just before its counted offset, that identify it (the store's
+# format: a change needs a new tiny.aggregate_sql.VERSION)
+_EDGE = 4096
+_REBUILD_STEP = limits.FOLD_MAX_STEP  # a rebuild's steps: one transaction, no deadline
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_IOERR, _SQLITE_FULL = 5, 6, 10, 13  # primary result codes
-
-
-def join_bytes(hi: int, lo: int) -> int:
-    """A byte total from its two stored columns."""
-    return (hi << 32) + lo
 
 
 def _amount(nbytes: int) -> str:
@@ -152,6 +100,11 @@ class Behind(RuntimeError):
     def __init__(self, day: str, left: int, rows: int | None = None, exact: bool = True, days: int = 1) -> None:
         super().__init__(day, left, rows, exact, days)
         self.day, self.left, self.rows, self.exact, self.days = day, left, rows, exact, days
+
+    def counting(self) -> dict[str, str | int | None]:
+        """What is left, for a client to show: ``{"day", "rows_left", "bytes_left"}`` (the
+        rows None when not said)."""
+        return {"day": self.day, "rows_left": self.rows, "bytes_left": self.left}
 
     def __str__(self) -> str:
         which = self.day if self.days == 1 else f"{self.day} and {self.days - 1} more day(s)"
@@ -317,18 +270,20 @@ class _Pace:
 
     def step(self, deadline: float | None) -> int:
         if not self.seconds_per_byte:
-            return _FIRST_STEP
-        budget = _STEP_SECONDS if deadline is None else min(_STEP_SECONDS, _MARGIN * (deadline - time.monotonic()))
-        return int(min(_MAX_STEP, max(_MIN_STEP, budget / self.seconds_per_byte)))
+            return limits.FOLD_FIRST_STEP
+        budget = limits.FOLD_STEP_SECONDS
+        if deadline is not None:
+            budget = min(budget, limits.FOLD_MARGIN * (deadline - time.monotonic()))
+        return int(min(limits.FOLD_MAX_STEP, max(limits.FOLD_MIN_STEP, budget / self.seconds_per_byte)))
 
     def took(self, nbytes: int, seconds: float) -> None:
-        if nbytes >= _MIN_STEP:  # (a last short step would say more about its fixed costs than the bytes')
+        if nbytes >= limits.FOLD_MIN_STEP:  # (a last short step would say more about its fixed costs than the bytes')
             rate = seconds / nbytes
             self.seconds_per_byte = (self.seconds_per_byte + rate) / 2 if self.seconds_per_byte else rate
 
 
 @dataclass
-class _Sums:
+class Sums:
     """What one fold adds for one day."""
 
     rows: int = 0
@@ -360,13 +315,13 @@ class _Sums:
             self.ip_countries[row.ip_id, row.country] += 1
 
 
-def count(block: bytes, start: int, end: int) -> _Sums:
+def count(block: bytes, start: int, end: int) -> Sums:
     """The sums of the day-file lines in ``block[start:end]`` (``end`` just past an LF)."""
     if codec.CODEC == "rust":
         from tiny import _codec
 
         rows, nbytes, packages, hours, ips, ip_hours, ip_countries, deferred = _codec.tally(block, start, end)
-        sums = _Sums(rows, nbytes)
+        sums = Sums(rows, nbytes)
         sums.packages.update(packages)
         sums.hours.update((hour, n) for hour, n in enumerate(hours) if n)
         sums.ips.update(ips)
@@ -378,9 +333,9 @@ def count(block: bytes, start: int, end: int) -> _Sums:
     return count_reference(block, start, end)
 
 
-def count_reference(block: bytes, start: int, end: int) -> _Sums:
+def count_reference(block: bytes, start: int, end: int) -> Sums:
     """:func:`count` by the rule book alone (no compiled codec)."""
-    sums = _Sums()
+    sums = Sums()
     if end > start:
         for line in block[start : end - 1].decode("utf-8", "replace").split("\n"):
             sums.add(line)
@@ -401,7 +356,7 @@ class Aggregates:
         self._inode = -1  # the store file's, when this connection opened it
         self._pace = _Pace()
         # day -> (its file's stat, the files row it matched): see _counted and _unchanged
-        self._seen: OrderedDict[str, tuple[tuple[int, int, int, int], tuple[int, bytes, bytes, int]]] = OrderedDict()
+        self._seen: OrderedDict[str, tuple[tuple[int, int, int, int], Counted]] = OrderedDict()
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -451,7 +406,7 @@ class Aggregates:
     def generation(self) -> int:
         """The store's generation (:func:`read_generation`), as this connection sees it now."""
         with _reported():
-            return int(self.db.execute("SELECT value FROM meta WHERE name = 'generation'").fetchone()[0])
+            return sql.generation(self.db)
 
     def publish_generation(self) -> None:
         """Write the store's generation to its file if the file says another (lost, or written
@@ -512,8 +467,7 @@ class Aggregates:
         with _reported():
             self._reopen_if_replaced()
             if within is not None:
-                stored = self.db.execute("SELECT day FROM files WHERE day BETWEEN ? AND ?", within).fetchall()
-                for (day,) in stored:
+                for day in sql.days_within(self.db, within):
                     if day not in sizes:
                         with self._writing():
                             self._forget(day)
@@ -528,7 +482,7 @@ class Aggregates:
         folded = 0
         with self._day_file(day) as file:
             if file is None:
-                if self.db.execute("SELECT 1 FROM files WHERE day = ?", (day,)).fetchone():
+                if sql.has_day(self.db, day):
                     with self._writing():
                         self._forget(day)
                 return 0
@@ -568,16 +522,15 @@ class Aggregates:
             self._reopen_if_replaced()
             with self._writing():
                 self._seen.clear()
-                for table in ("files", *_PER_DAY):
-                    self.db.execute(f"DELETE FROM {table}")
+                sql.forget_all(self.db)
                 for day, size in sorted(sizes.items()):
                     with self._day_file(day) as file:
-                        while file is not None and (done := self._fold_step(file, size, _MAX_STEP)) is not None:
+                        while file is not None and (done := self._fold_step(file, size, _REBUILD_STEP)) is not None:
                             folded += done.rows
                             if done.consumed >= size:
                                 break
                 generation = self.generation() + 1
-                self.db.execute("UPDATE meta SET value = ? WHERE name = 'generation'", (generation,))
+                sql.set_generation(self.db, generation)
                 # Published before the commit: no answer from the old counts is ever kept under it.
                 _publish(generation_path(self.data_dir), generation)
         return folded
@@ -587,17 +540,17 @@ class Aggregates:
         (none of its day, or one of another file, or of bytes no longer there). A file found
         to be the one counted, and unchanged for a second before it was opened, is remembered
         with its stat (:meth:`_unchanged`)."""
-        row = self.db.execute("SELECT inode, head, tail, consumed FROM files WHERE day = ?", (file.day,)).fetchone()
+        row = sql.counted(self.db, file.day)
         if row is None:
             return None
         consumed = row[3]
         edge = min(consumed, _EDGE)
         if not self._same(file, row, file.read(edge, consumed - edge)):
             return None
-        if file.seen[3] <= file.opened_ns - _SETTLED_NS:
+        if file.seen[3] <= file.opened_ns - limits.SETTLED_NS:
             self._seen[file.day] = (file.seen, row)
             self._seen.move_to_end(file.day)
-            while len(self._seen) > _SEEN_DAYS:
+            while len(self._seen) > limits.SEEN_DAYS:
                 self._seen.popitem(last=False)
         return consumed
 
@@ -619,8 +572,8 @@ class Aggregates:
             return False
         if _fingerprint(stat) != seen[0]:
             return False
-        row = self.db.execute("SELECT inode, head, tail, consumed FROM files WHERE day = ?", (day,)).fetchone()
-        return row == seen[1] and row[3] >= size
+        row = sql.counted(self.db, day)
+        return row == seen[1] and row is not None and row.consumed >= size
 
     def _same(self, file: _DayFile, row: tuple[int, bytes, bytes, int], before: bytes) -> bool:
         """Whether ``file`` is the one ``row`` of ``files`` counted, ``before`` being its bytes
@@ -634,7 +587,7 @@ class Aggregates:
         """Fold the next complete lines of ``file`` below ``size``, at most ``step`` bytes (in
         the caller's transaction), from its start if the store's count is of another file or of
         bytes no longer there; None when there is nothing (more) to fold."""
-        row = self.db.execute("SELECT inode, head, tail, consumed FROM files WHERE day = ?", (file.day,)).fetchone()
+        row = sql.counted(self.db, file.day)
         consumed = 0 if row is None else row[3]
         edge = min(consumed, _EDGE)
         # The bytes before the counted offset and the new ones, in one read: what is added was
@@ -656,7 +609,7 @@ class Aggregates:
 
     def _behind(self, days: list[tuple[str, int]]) -> Behind | None:
         """What is left to fold of ``days``, read now; None when nothing is. The rows left are
-        counted (their line ends) when the bytes are at most _EXACT_LEFT, else estimated."""
+        counted (their line ends) when the bytes are at most limits.EXACT_LEFT_*, else estimated."""
         behind: list[tuple[str, int, int]] = []  # (day, bytes counted, size)
         for day, size in days:
             with self._day_file(day) as file:
@@ -667,7 +620,7 @@ class Aggregates:
             return None
         left = sum(size - counted for _, counted, size in behind)
         first = behind[0][0]
-        if left <= _EXACT_LEFT[codec.CODEC == "rust"]:
+        if left <= (limits.EXACT_LEFT_COMPILED if codec.CODEC == "rust" else limits.EXACT_LEFT_PYTHON):
             rows = sum(self._rows_between(day, counted, size) for day, counted, size in behind)
             return Behind(first, left, rows, True, len(behind))
         return Behind(first, left, self._rows_in(first, left), False, len(behind))
@@ -691,54 +644,23 @@ class Aggregates:
     def _rows_in(self, day: str, nbytes: int) -> int | None:
         """About how many rows ``nbytes`` of ``day`` hold, by the rows per byte counted so far in
         that day, or in every day (None with fewer than 1,000 rows counted)."""
-        for where, args in (("WHERE day = ?", (day,)), ("", ())):
-            rows, consumed = self.db.execute(f"SELECT SUM(rows), SUM(consumed) FROM files {where}", args).fetchone()
-            if rows and rows >= 1000:
+        for which in (day, None):
+            rows, consumed = sql.rows_and_bytes_counted(self.db, which)
+            if rows and consumed and rows >= 1000:
                 return round(nbytes * rows / consumed)
         return None
 
-    def _add(self, day: str, inode: int, head: bytes, tail: bytes, consumed: int, sums: _Sums) -> None:
-        db = self.db
-        hi, lo = sums.bytes >> 32, sums.bytes & _LO
-        db.execute(
-            "INSERT INTO files (day, inode, head, tail, consumed, rows, bytes_hi, bytes_lo, skipped) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day) DO UPDATE SET inode = excluded.inode, "
-            "head = excluded.head, tail = excluded.tail, consumed = excluded.consumed, "
-            f"rows = rows + excluded.rows, {_ADD_BYTES}, skipped = skipped + excluded.skipped",
-            (day, inode, head, tail, consumed, sums.rows, hi, lo, sums.skipped),
-        )
-        add = "ON CONFLICT DO UPDATE SET downloads = downloads + excluded.downloads"
-        db.executemany(
-            f"INSERT INTO packages VALUES (?, ?, ?) {add}",
-            ((day, package, count) for package, count in sums.packages.items()),
-        )
-        db.executemany(
-            f"INSERT INTO hours VALUES (?, ?, ?) {add}",
-            ((day, hour, count) for hour, count in sums.hours.items()),
-        )
-        db.executemany(
-            f"INSERT INTO ips VALUES (?, ?, ?, ?, ?) {add}, {_ADD_BYTES}",
-            ((day, ip - IP_OFFSET, count, size >> 32, size & _LO) for ip, (count, size) in sums.ips.items()),
-        )
-        db.executemany(
-            f"INSERT INTO ip_hours VALUES (?, ?, ?, ?) {add}",
-            ((day, ip - IP_OFFSET, hour, count) for (ip, hour), count in sums.ip_hours.items()),
-        )
-        db.executemany(
-            f"INSERT INTO ip_countries VALUES (?, ?, ?, ?) {add}",
-            ((day, ip - IP_OFFSET, country, count) for (ip, country), count in sums.ip_countries.items()),
-        )
+    def _add(self, day: str, inode: int, head: bytes, tail: bytes, consumed: int, sums: Sums) -> None:
+        sql.add(self.db, day, Counted(inode, head, tail, consumed), sums)
 
     def _forget(self, day: str) -> None:
         self._seen.pop(day, None)
-        self.db.execute("DELETE FROM files WHERE day = ?", (day,))
-        for table in _PER_DAY:
-            self.db.execute(f"DELETE FROM {table} WHERE day = ?", (day,))
+        sql.forget(self.db, day)
 
 
 def _set_up(db: sqlite3.Connection, marker: unsynced.Marker, generation_file: Path, deadline: float) -> None:
     """WAL mode, no fsync (tiny.unsynced; with no boot id to mark, synchronous=NORMAL), and
-    the tables of _VERSION (a store of another version, or an older one without a version,
+    the tables of tiny.aggregate_sql.VERSION (a store of another version, or an older one without a version,
     is emptied: counted again from the files by the next folds). SQLite answers "locked" at
     once, without its busy wait, to a change of journal mode while another process opens the
     same new file: tried again until ``deadline`` (every step can be repeated)."""
@@ -748,7 +670,7 @@ def _set_up(db: sqlite3.Connection, marker: unsynced.Marker, generation_file: Pa
                 marker.before_write()
                 db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={'NORMAL' if unsynced.BOOT is None else 'OFF'}")
-            if db.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
+            if sql.version(db) != sql.VERSION:
                 _create(db, marker, generation_file)
             return
         except sqlite3.OperationalError as exc:
@@ -758,17 +680,13 @@ def _set_up(db: sqlite3.Connection, marker: unsynced.Marker, generation_file: Pa
 
 
 def _create(db: sqlite3.Connection, marker: unsynced.Marker, generation_file: Path) -> None:
-    """The tables of _VERSION in place of whatever is there, and a new generation drawn and
+    """The tables of tiny.aggregate_sql.VERSION in place of whatever is there, and a new generation drawn and
     published, in one transaction (DDL is transactional in SQLite: a second process doing
     the same waits, then finds it done)."""
     with immediate(db):
         marker.before_write()
-        if db.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
-            for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
-                db.execute(f'DROP TABLE "{table}"')
-            for statement in _TABLES:
-                db.execute(statement)
+        if sql.version(db) != sql.VERSION:
             generation = secrets.randbits(62) + 1  # never 0, never one an earlier store had (but by chance)
-            db.execute("INSERT INTO meta VALUES ('generation', ?)", (generation,))
+            sql.create(db, generation)
             _publish(generation_file, generation)
-            db.execute(f"PRAGMA user_version = {_VERSION}")
+            sql.set_version(db)

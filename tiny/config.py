@@ -277,7 +277,11 @@ _FLAGS: list[tuple[str, Callable[[str], object], str | None]] = [
         "made), 0.01 or more; 0 = no quota",
     ),
     ("analytics_max_queued", _positive_count, "distinct analytics computations queued per worker before 503"),
-    ("analytics_cache_bytes", _size, "analytics results cached per worker, in bytes (or 64MiB)"),
+    (
+        "analytics_cache_bytes",
+        _size,
+        "every analytics cache of a worker and its pool processes together, in bytes (or 128MiB)",
+    ),
     (
         "read_rate",
         _rate,

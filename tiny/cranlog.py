@@ -51,7 +51,7 @@ _U64 = 1 << 64
 
 class Row(NamedTuple):
     """A day-file row as the live aggregates count it (tiny.aggregates) and the row queries
-    read it (tiny.analytics.compute); None stands for a bare ``NA``."""
+    read it (tiny.analytics.rows); None stands for a bare ``NA``."""
 
     time: str
     hour: int

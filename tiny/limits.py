@@ -49,6 +49,41 @@ ANALYTICS_PROCESSES = 1  # --analytics-processes
 ANALYTICS_CPU = 0.1  # --analytics-cpu: CPUs of all analytics pool processes of a server together
 ANALYTICS_ROW_QUERIES = 1  # day files whose rows are read at once per worker; another gets 503
 ANALYTICS_MAX_QUEUED = 32  # --analytics-max-queued
-ANALYTICS_CACHE_BYTES = 64 * MiB  # --analytics-cache-bytes
+# --analytics-cache-bytes: every analytics cache of a worker and its pool processes together (a
+# quarter the worker's, a quarter its answers lane's, half its rows lane's: tiny.analytics.caches)
+ANALYTICS_CACHE_BYTES = 128 * MiB
+ANSWERS_KEPT = 1024  # answers from the aggregates a worker keeps at most (within its bytes)
+DAY_AGGREGATES_KEPT = 64  # day aggregates a pool process keeps at most, per version of the day
+COUNTED_FILES_KEPT = 4096  # day files whose line count a pool process keeps at most
 READ_RATE = 2.0  # --read-rate: reads a worker starts per second while ingest requests are in flight in it
 READ_WAIT = 10.0  # seconds a paced read waits for its turn at most; further away: 503 at once
+FOLD_SECONDS = 10.0  # a query is answered within this long (and a fold step) or gets 503 (tiny.aggregates.Behind)
+LATE_SECONDS = 1.0  # past FOLD_SECONDS and this, the worker answers 503 itself (the pool has not reached the query)
+STAT_DAYS = 366  # a query naming at most this many days also versions its answer by their files' stats
+
+# -- folding the aggregates (tiny.aggregates) ---------------------------------------------------
+FOLD_FIRST_STEP = 256 * KiB  # bytes of a process's first fold step, before it has timed one
+FOLD_MIN_STEP = 64 * KiB  # longer than any CRAN row (a record's strings are at most 1,024 characters each)
+FOLD_MAX_STEP = 8 * MiB  # memory stays bounded on a big day
+FOLD_STEP_SECONDS = 2.0  # a fold step (one transaction) aims to take this long, wall clock (8 MiB at 0.1 CPU)
+FOLD_MARGIN = 0.5  # of the time left before a deadline, the share a step is sized to (its time is a guess)
+SETTLED_NS = 1_000_000_000  # a day file unchanged this long before a check is remembered by its stat
+SEEN_DAYS = 4096  # day files a process remembers so
+# Bytes left up to which a Behind counts the rows left (their line ends) rather than estimating
+# them: the compiled count reads gigabytes a second, Python's about a tenth of that.
+EXACT_LEFT_COMPILED = 64 * MiB
+EXACT_LEFT_PYTHON = 4 * MiB
+
+# -- the dashboard's API (tiny.handlers.analytics) -------------------------------------------------
+WHALES_DEFAULT_TOP = 6  # whales a dashboard query shows when it names no ``top``
+WHALES_MAX_TOP = 100  # whales a dashboard query may ask for (``top``)
+WHALE_DOWNLOADS_DEFAULT_LIMIT = 1000  # one whale's downloads listed when the query names no ``limit``
+WHALE_DOWNLOADS_MAX_LIMIT = 100_000
+DAYS_PAGE_DEFAULT = 100  # days listed per page of /api/days when the query names no ``limit``
+DAYS_PAGE_MAX = 1000
+
+# -- the CRAN downloads API (tiny.cran_api), as the public service -----------------------------------
+CRAN_MAX_TOP = 100  # the public service keeps the top 100 of each period: a larger count gets 100
+CRAN_DEFAULT_TOP = 9  # the public service's count when none is given
+TRENDING_MIN = 1000  # downloads in the last week for a package to trend
+TRENDING_WEEKS = 24  # the weeks before the last one a package's rise is measured against

@@ -1,12 +1,14 @@
-"""Answers from the live aggregates (tiny.aggregates): the worker's side and the pool job.
+"""Answers from the live aggregates (tiny.aggregates): the typed query, the worker's side and the pool job.
 
-Both the downloads API (tiny.downloads) and the dashboard's API and charts
-(tiny.analytics.store) answer this way:
+Both the downloads API (tiny.cran_api) and the dashboard's API and charts
+(tiny.analytics.answers) answer this way:
 
+- :class:`Query`: what each of them asks, one frozen dataclass per kind, with the days it
+  reads and how it is answered; the key of its answer here and of its job in the pool.
 - :class:`Live`, one per worker: it notes the committed sizes of the days a query needs
   (tiny.sink.DailyFileSink.committed_sizes, under the data dir's flush lock), runs
   :func:`fold_job` in the worker's analytics pool, and keeps the answer until the files it
-  reads change. A query that names at most _STAT_DAYS days is versioned by their files'
+  reads change. A query that names at most STAT_DAYS days is versioned by their files'
   (inode, size, mtime_ns): its answer is kept while other days are written, and is kept
   only when no bytes were in flight in those files (each size was the committed size). A
   file cut back and written again to the same size within one tick of the kernel's coarse
@@ -22,10 +24,10 @@ Both the downloads API (tiny.downloads) and the dashboard's API and charts
   every kept answer at the next query (one more small read).
 - :func:`fold_job`, in the pool: fold the days up to those sizes (read your writes: an answer
   given after a POST's 200 counts its rows), then answer from the store. A query that cannot
-  be brought up to date within FOLD_SECONDS of its arrival (rows arrive in that day faster
-  than the analytics CPU quota counts them, or its job waited its turn in the pool) stops
+  be brought up to date within FOLD_SECONDS (tiny.limits) of its arrival (rows arrive in that
+  day faster than the analytics CPU quota counts them, or its job waited its turn in the pool) stops
   there, keeping what it counted, and gets :class:`tiny.aggregates.Behind`: a 503 that says
-  what is left, read at that moment. A pool that has not answered _LATE after that (its
+  what is left, read at that moment. A pool that has not answered LATE_SECONDS after that (its
   process still starting, or busy with the queries ahead of this one) gets the query a
   :class:`tiny.analytics.service.Busy` from the worker instead. The store's errors reach the query as
   :class:`tiny.aggregates.Unavailable`, saying what they are (a full disk, an I/O error, a
@@ -34,66 +36,80 @@ Both the downloads API (tiny.downloads) and the dashboard's API and charts
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import itertools
 import os
 import sqlite3
 import time
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
-from tiny import layout
+from tiny import layout, limits
 from tiny.aggregates import read_generation
 
 if TYPE_CHECKING:
     from tiny.aggregates import Aggregates
+    from tiny.analytics.caches import Cache
     from tiny.analytics.service import Analytics
     from tiny.sink import DailyFileSink
 
 # The intent file's mtime and CRC and the data dir's mtime; or (inode, size, mtime) of each named day.
 Version = tuple[int, ...]
-_STAT_DAYS = 366  # a query naming at most this many days also versions them by their files' stats
-_CACHE_ANSWERS = 1024
-_CACHE_BYTES = 32 * 1024**2  # answers kept per worker: charts weigh up to ~100 KB each
 _ALL_DAYS = ("0000-00-00", "9999-99-99")
-FOLD_SECONDS = 10.0  # a query is answered within this long (and a fold step) or gets 503 (tiny.aggregates.Behind)
-_LATE = 1.0  # past FOLD_SECONDS and this, the worker answers 503 itself (the pool has not reached the query)
 
 _stores: dict[str, Aggregates] = {}  # in a pool process: the store of each data dir
+
+
+class Query(abc.ABC):
+    """A question to the live aggregates: a frozen dataclass per kind (tiny.cran_api, the CRAN
+    downloads API's; tiny.analytics.answers, the dashboard's), its fields the arguments. It says
+    which days it reads and how it is answered; being frozen, it is hashable, the key of its
+    answer here and of its job in the pool, and picklable, sent to the pool as it is."""
+
+    kind: ClassVar[str]  # what it is, in messages ("the top query of 30 day(s)")
+    folds: ClassVar[bool] = True  # False: answered without folding its days first (it counts lines itself)
+
+    @property
+    @abc.abstractmethod
+    def days(self) -> list[str] | None:
+        """The days it reads, oldest first (None: all); a day of their span without a file is
+        forgotten by the store."""
+
+    @abc.abstractmethod
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        """The answer, from ``store`` folded up to ``sizes`` (the days' committed sizes), as the
+        bytes to send."""
 
 
 def fold_job(
     data_dir: str,
     sizes: dict[str, int],
     within: tuple[str, str],
-    query: tuple[Any, ...],
+    query: Query,
     seen: int,
     deadline: float,
 ) -> tuple[int, bytes]:
     """In the analytics pool: fold ``sizes`` into the store of ``data_dir`` (the days of
     ``within`` that have no file are forgotten) until ``deadline`` (time.monotonic(): one
-    clock for every process of the machine), then answer ``query``: the downloads API's
-    (tiny.downloads.answer) or the dashboard's (tiny.analytics.store.answer), as bytes, with
-    the store's generation it was read from (read before the answer: the answer is of that
-    generation or a newer one). ``seen``: the generation the worker read from the store's
-    file; when it is not the store's, the file is written again if it says another."""
-    from tiny import downloads
+    clock for every process of the machine), then answer ``query`` (:meth:`Query.answer`), as
+    bytes, with the store's generation it was read from (read before the answer: the answer is
+    of that generation or a newer one). ``seen``: the generation the worker read from the
+    store's file; when it is not the store's, the file is written again if it says another."""
     from tiny.aggregates import Aggregates, store_error
-    from tiny.analytics import store as dashboard
 
     store = _stores.get(data_dir)
     if store is None:
         store = _stores[data_dir] = Aggregates(Path(data_dir))
-    if query[0] in dashboard.UNFOLDED:  # counts lines itself: no fold of a day being written
-        return seen, dashboard.answer(store, query, sizes)
+    if not query.folds:  # counts lines itself: no fold of a day being written
+        return seen, query.answer(store, sizes)
     store.fold(sizes, within, deadline)
     try:
         generation = store.generation()
-        body = downloads.answer(store, query) if query[0] in downloads.KINDS else dashboard.answer(store, query, sizes)
+        body = query.answer(store, sizes)
     except sqlite3.Error as exc:
         raise store_error(exc) from None
     if generation != seen:
@@ -104,9 +120,9 @@ def fold_job(
 def warm_job() -> None:
     """Pool job run once at a worker's start (tiny.analytics.service.Analytics.start): import
     what fold_job needs, so the first query does not wait for it."""
-    from tiny import downloads  # noqa: F401
+    from tiny import cran_api  # noqa: F401
     from tiny.aggregates import Aggregates  # noqa: F401
-    from tiny.analytics import store  # noqa: F401  (and the charts it draws)
+    from tiny.analytics import answers  # noqa: F401  (and the charts it draws)
 
 
 @dataclass(frozen=True)
@@ -127,12 +143,14 @@ def etag_of(body: bytes) -> str:
 class Live:
     """The answers from the aggregates, for one worker: see the module docstring."""
 
-    def __init__(self, data_dir: Path, sink: DailyFileSink, analytics: Analytics) -> None:
+    def __init__(
+        self, data_dir: Path, sink: DailyFileSink, analytics: Analytics, fold_seconds: float = limits.FOLD_SECONDS
+    ) -> None:
         self.data_dir = Path(data_dir)
+        self.fold_seconds = fold_seconds  # a query is answered within this long or gets Behind
         self.sink = sink
         self.analytics = analytics
-        self._answers: OrderedDict[tuple[Any, ...], Answer] = OrderedDict()
-        self._cached_bytes = 0
+        self._answers: Cache[Answer] = analytics.budget.cache("answers from the aggregates", limits.ANSWERS_KEPT)
         self._days: tuple[int, int, list[str]] = (0, -1, [])  # (listed at, the data dir's mtime, its days)
         self._intent = str(layout.intent_path(self.data_dir))
 
@@ -187,10 +205,10 @@ class Live:
                 stats[day] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         return stats
 
-    async def answer(self, query: tuple[Any, ...], needed: list[str] | None) -> Answer:
-        """The answer to ``query`` (see fold_job), reading the days ``needed`` (None: all; a
-        day of their span without a file is forgotten by the store)."""
-        deadline = time.monotonic() + FOLD_SECONDS
+    async def answer(self, query: Query) -> Answer:
+        """The answer to ``query`` (see fold_job), reading its days."""
+        deadline = time.monotonic() + self.fold_seconds
+        needed = query.days
         version = self.version()
         generation = read_generation(self.data_dir)
         existing = self.days(version)
@@ -201,19 +219,18 @@ class Live:
         else:
             days, within = [], ("", "")
         stats = {}
-        if needed is not None and len(needed) <= _STAT_DAYS:
+        if needed is not None and len(needed) <= limits.STAT_DAYS:
             # Versioned by the files it reads: its answer stays while other days are written.
             stats = self._stats(set(needed))
             version = tuple(itertools.chain.from_iterable(stats.values()))
         cached = self._answers.get(query)
-        if cached is not None and cached.version == (generation, *version):
-            self._answers.move_to_end(query)
+        if isinstance(cached, Answer) and cached.version == (generation, *version):
             return cached
         sizes = await self.sink.committed_sizes(days)
-        key = ("live", query, version)
+        key = (query, version)
         job = (str(self.data_dir), sizes, within, query, generation, deadline)
-        what = f"the {query[0]} query of {len(days)} day(s)"
-        late = asyncio.timeout(max(0.0, deadline + _LATE - time.monotonic()))
+        what = f"the {query.kind} query of {len(days)} day(s)"
+        late = asyncio.timeout(max(0.0, deadline + limits.LATE_SECONDS - time.monotonic()))
         try:
             async with late:
                 read_from, body = await self.analytics.call(key, fold_job, *job, what=what)
@@ -223,18 +240,11 @@ class Live:
             from tiny.analytics.service import Busy
 
             raise Busy(
-                f"the analytics process has not answered within {FOLD_SECONDS + _LATE:.0f} s "
+                f"the analytics process has not answered within {self.fold_seconds + limits.LATE_SECONDS:.0f} s "
                 "(still counting new rows for the queries ahead of this one)"
             ) from None
         answer = Answer(bytes(body), (read_from, *version))
         if any(sizes.get(day, -1) != size for day, (inode, size, _) in stats.items() if inode != -1):
             return answer  # bytes were in flight: this answer does not count all these files hold
-        old = self._answers.pop(query, None)
-        if old is not None:
-            self._cached_bytes -= len(old.body)
-        self._answers[query] = answer
-        self._cached_bytes += len(answer.body)
-        while len(self._answers) > _CACHE_ANSWERS or self._cached_bytes > _CACHE_BYTES:
-            _, dropped = self._answers.popitem(last=False)
-            self._cached_bytes -= len(dropped.body)
+        self._answers.put(query, answer, len(answer.body))
         return answer

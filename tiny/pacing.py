@@ -2,8 +2,8 @@
 
 The reads (the dashboard's API and charts under ``/api``, the downloads API, ``/top``,
 ``/trending`` and the badges) are served by the same event loops as ``/ingest``, and each
-costs a worker about 1.1 ms of CPU on its loop (a ``/healthz`` 0.23 ms; BENCHMARKS.md, "Row
-reads without polars"). Readers ask as fast as they are answered, so however cheap the
+costs a worker about 1.1 ms of CPU on its loop (a ``/healthz`` 0.23 ms; BENCHMARKS.md, "The
+analytics pool and the store"). Readers ask as fast as they are answered, so however cheap the
 answers, a few dashboards could take a growing share of the loop from ingest. While ingest
 requests are in flight in a worker, :class:`ReadPacer` lets its reads start at most ``rate``
 a second, one every 1/rate seconds (GCRA, no burst: a burst of reads is a burst of loop

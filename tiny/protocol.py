@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import orjson
 import tornado
@@ -32,10 +34,11 @@ SERVER = f"TornadoServer/{tornado.version}"  # what a RequestHandler says
 _HOST = re.compile(r"(?:(?:[\[\]:]|[A-Za-z0-9\-._~]|[!$&'()*+,;=]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?")
 
 
-def error_body(status: int, message: str) -> bytes:
+def error_body(status: int, message: str, details: Mapping[str, Any] | None = None) -> bytes:
     """The body of every error answer, whichever way answers it: ``{"error": {"status": S,
-    "message": "..."}}``, the message meant for the client."""
-    return orjson.dumps({"error": {"status": status, "message": message}})
+    "message": "..."}}``, the message meant for the client, and ``details`` beside them (the
+    figures a client can act on, e.g. ``"counting"`` of a 503 while a day is counted)."""
+    return orjson.dumps({"error": {"status": status, "message": message, **(details or {})}})
 
 
 def host_refusal(version: str, host: str | None) -> str | None:

@@ -8,14 +8,13 @@ from tiny.handlers.analytics import (
     DATE,
     ChartHandler,
     DaysHandler,
-    DownloadsHandler,
     HourlyHandler,
     SummaryHandler,
+    WhaleDownloadsHandler,
     WhalesHandler,
 )
 from tiny.handlers.base import Deps
-from tiny.handlers.dashboard import DashboardHandler
-from tiny.handlers.downloads import (
+from tiny.handlers.cran_api import (
     BadgeHandler,
     CheckHandler,
     InfoHandler,
@@ -25,6 +24,7 @@ from tiny.handlers.downloads import (
     TopHandler,
     TrendingHandler,
 )
+from tiny.handlers.dashboard import DashboardHandler
 from tiny.handlers.status import HealthHandler, MetricsHandler, NotFoundHandler
 
 
@@ -41,7 +41,7 @@ def make_app(deps: Deps) -> web.Application:
             (rf"/api/days/{DATE}/summary", SummaryHandler, args),
             (rf"/api/days/{DATE}/whales", WhalesHandler, args),
             (rf"/api/days/{DATE}/whales/hourly", HourlyHandler, args),
-            (rf"/api/days/{DATE}/whales/([^/]+)/downloads", DownloadsHandler, args),
+            (rf"/api/days/{DATE}/whales/([^/]+)/downloads", WhaleDownloadsHandler, args),
             (rf"/api/days/{DATE}/charts/([^/]+)\.svg", ChartHandler, args),
             (r"/downloads/?", InfoHandler, args),
             (r"/downloads/(total|daily)/([^/]+)(?:/([^/]+))?", PackageDownloadsHandler, args),

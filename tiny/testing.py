@@ -188,7 +188,26 @@ def http_get(port: int, path: str, timeout: float = 10.0) -> tuple[int, dict[str
     return response.status, response.headers, response.body
 
 
-class Server:
+class _Client:
+    """Requests to a server on 127.0.0.1 at ``self.port``."""
+
+    port: int
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> Response:
+        return request(self.port, method, path, body, headers, timeout)
+
+    def ingest(self, body: bytes, headers: dict[str, str] | None = None) -> Response:
+        return self.request("POST", "/ingest", body, headers)
+
+
+class Server(_Client):
     """``python app.py`` (or another server script) in a subprocess on 127.0.0.1, for one test or run.
 
     ``args`` are extra flags; ``processes`` and ``data_dir`` become ``--processes`` and
@@ -306,19 +325,6 @@ class Server:
         assert len(pids) == 1, f"expected one worker, found {sorted(pids)}"
         return pids.pop()
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        timeout: float = 30.0,
-    ) -> Response:
-        return request(self.port, method, path, body, headers, timeout)
-
-    def ingest(self, body: bytes, headers: dict[str, str] | None = None) -> Response:
-        return self.request("POST", "/ingest", body, headers)
-
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         """Send ``signum`` to the server process and wait for it; its exit code."""
         assert self.proc is not None
@@ -353,7 +359,7 @@ class Server:
             self.kill()
 
 
-class InProcessServer:
+class InProcessServer(_Client):
     """One worker's app, built from its dependencies as tiny.worker builds them, served by its
     HTTP server on 127.0.0.1 from an event loop on a thread of this process: the HTTP contract
     over real sockets and real files, without a subprocess (tests that need processes,
@@ -369,6 +375,7 @@ class InProcessServer:
         from tiny import config
 
         self.config = config.parse(["--data-dir", str(data_dir), "--processes", "1", *args], env or {})
+        self.data_dir = self.config.data_dir
         self.port = 0
         self._loop: Any = None
         self._thread: Any = None
@@ -422,19 +429,6 @@ class InProcessServer:
         import asyncio
 
         return asyncio.run_coroutine_threadsafe(make(), self._loop).result(timeout)
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        timeout: float = 30.0,
-    ) -> Response:
-        return request(self.port, method, path, body, headers, timeout)
-
-    def ingest(self, body: bytes, headers: dict[str, str] | None = None) -> Response:
-        return self.request("POST", "/ingest", body, headers)
 
     def stop(self) -> None:
         """Stop accepting, write what the sink holds, close every connection, end the loop."""

@@ -143,7 +143,9 @@ def nginx_config(prefix: Path, port: int, upstreams: Sequence[int], workers: int
 
 
 class NginxFront(Service):
-    """nginx on a free port over ``instances`` single-process tiny servers sharing one data dir."""
+    """nginx on a free port over ``instances`` single-process tiny servers sharing one data dir,
+    or over ``apps`` (servers of any kind, each with its own data dir: cluster mode's hosts;
+    ``instances`` is then ignored and ``data_dir``'s parent holds nginx's scratch dir only)."""
 
     def __init__(
         self,
@@ -154,11 +156,16 @@ class NginxFront(Service):
         buffering: bool,
         env: dict[str, str] | None = None,
         logs: Path = RESULTS / "logs",
+        apps: Sequence[LocalServer] | None = None,
     ) -> None:
         self.name = name
         self.data_dir = data_dir
         self.scratch = data_dir.parent
-        self.apps = [LocalServer(f"{name}-app{i}", "app.py", 1, data_dir, env=env, logs=logs) for i in range(instances)]
+        self.apps = (
+            list(apps)
+            if apps is not None
+            else [LocalServer(f"{name}-app{i}", "app.py", 1, data_dir, env=env, logs=logs) for i in range(instances)]
+        )
         self.workers = workers
         self.buffering = buffering
         self.logs = logs

@@ -1,8 +1,8 @@
 """The dashboard's charts, written as SVG (tiny.analytics.svg) in an analytics pool process.
 
 :func:`render` draws the ``traffic``, ``whales`` and ``hourly`` views from a day's aggregate
-(tiny.analytics.store, small data: 24 hours and N whales), 0-4 ms of CPU each;
-:func:`detail_job` draws one ip_id's downloads from its rows (tiny.analytics.compute),
+(tiny.analytics.answers, small data: 24 hours and N whales), 0-4 ms of CPU each;
+:func:`detail_job` draws one ip_id's downloads from its rows (tiny.analytics.rows),
 the one view that reads them (its thousands of points one embedded image).
 
 Every chart is WIDTH units wide, a width read at about 1:1 on a 420 px phone and at up to
@@ -16,13 +16,18 @@ Element ids name what the tests count.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from tiny.analytics.compute import HOURS, DayFile, ranked, rows_of
+from tiny.aggregate_sql import HOURS
 from tiny.analytics.names import whale_name
+from tiny.analytics.rows import DayFile, ranked, rows_of
 from tiny.analytics.svg import Canvas, Marks, png, text_width, ticks
 from tiny.cranlog import Row
+
+if TYPE_CHECKING:
+    from tiny.analytics.answers import DayAggregate, Whale
 
 VIEWS = ("traffic", "whales", "hourly", "detail")
 FROM_AGGREGATES = ("traffic", "whales", "hourly")  # the others read rows
@@ -46,8 +51,8 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def _label(whale: dict[str, Any], limit: int = 30) -> str:
-    return _short(f"{whale['name']} ({_short(whale['country'] or '??', 12)})", limit)
+def _label(whale: Whale, limit: int = 30) -> str:
+    return _short(f"{whale.name} ({_short(whale.country or '??', 12)})", limit)
 
 
 def _about(view: str, date: str, whales: int) -> dict[str, str]:
@@ -107,15 +112,15 @@ def _title(canvas: Canvas, text: str, subtitle: str = "") -> None:
         canvas.text(8, 20 + _TITLE, subtitle, SMALL_TEXT, fill=_MUTED)
 
 
-def render_traffic(date: str, aggregate: dict[str, Any], whales: list[dict[str, Any]]) -> bytes:
+def render_traffic(date: str, aggregate: DayAggregate, whales: Sequence[Whale]) -> bytes:
     """Downloads per hour, stacked: the top whales below, everyone else above."""
-    whale_counts = [sum(w["hourly"][h] for w in whales) for h in range(HOURS)]
-    others = [max(aggregate["hourly"][h] - whale_counts[h], 0) for h in range(HOURS)]
+    whale_counts = [sum(w.hourly[h] for w in whales) for h in range(HOURS)]
+    others = [max(aggregate.hourly[h] - whale_counts[h], 0) for h in range(HOURS)]
     scale = ticks(max(w + o for w, o in zip(whale_counts, others, strict=True)) * 1.05)
     canvas = Canvas(WIDTH, 250, _about("traffic", date, len(whales)))
     left = 8 + max(text_width(label, _TEXT) for label in _count_labels(scale)) + _TICK + 2
     box = _Box(left, 52, canvas.width - left - 8, canvas.height - 52 - 22)
-    share = sum(whale_counts) / max(aggregate["downloads"], 1)
+    share = sum(whale_counts) / max(aggregate.downloads, 1)
     _title(canvas, f"Downloads per hour (UTC), {date}")
     x = 8.0
     for color, label in ((_WHALE_COLOR, f"top {len(whales)} whales: {share:.0%}"), (_OTHER_COLOR, "everyone else")):
@@ -138,14 +143,14 @@ def render_traffic(date: str, aggregate: dict[str, Any], whales: list[dict[str, 
     return canvas.svg()
 
 
-def render_whales(date: str, whales: list[dict[str, Any]]) -> bytes:
+def render_whales(date: str, whales: Sequence[Whale]) -> bytes:
     """Horizontal bars: downloads of the biggest whales (at most BARS), the biggest on top."""
     shown = whales[:BARS]
     row = 17.0
     canvas = Canvas(WIDTH, 50 + row * max(len(shown), 3) + 26, _about("whales", date, len(whales)))
     labels = [_label(w) for w in shown]
-    values = [f"{w['downloads']:,}" for w in shown]
-    scale = ticks(max((w["downloads"] for w in shown), default=0))
+    values = [f"{w.downloads:,}" for w in shown]
+    scale = ticks(max((w.downloads for w in shown), default=0))
     left = 8 + max((text_width(label, _TEXT) for label in labels), default=0) + _TICK + 2
     # right of the axis: the longest bar's value label, and half the last tick's label
     room = max([text_width(value, SMALL_TEXT) + 5 for value in values] + [text_width(f"{scale[-1]:,}", SMALL_TEXT) / 2])
@@ -157,7 +162,7 @@ def render_whales(date: str, whales: list[dict[str, Any]]) -> bytes:
     _title(canvas, f"Biggest whales, {date}", subtitle)
     for i, whale in enumerate(shown):
         y = box.top + i * row
-        width = whale["downloads"] / scale[-1] * box.width
+        width = whale.downloads / scale[-1] * box.width
         tip = f"{labels[i]}: {values[i]}"
         canvas.rect(box.left, y + 0.12 * row, width, 0.76 * row, _WHALE_COLOR, f"whale-bar-{i}", tip)
         canvas.text(box.left - _TICK - 2, y + row / 2, labels[i], _TEXT, anchor="end", middle=True)
@@ -173,7 +178,7 @@ def render_whales(date: str, whales: list[dict[str, Any]]) -> bytes:
     return canvas.svg()
 
 
-def render_hourly(date: str, whales: list[dict[str, Any]]) -> bytes:
+def render_hourly(date: str, whales: Sequence[Whale]) -> bytes:
     """Each whale's downloads per hour: small multiples up to SMALL_MULTIPLES whales, a heatmap beyond."""
     if len(whales) > SMALL_MULTIPLES:
         return _render_heatmap(date, whales)
@@ -181,7 +186,7 @@ def render_hourly(date: str, whales: list[dict[str, Any]]) -> bytes:
     rows = max(1, -(-len(whales) // columns))
     panel = 96.0
     canvas = Canvas(WIDTH, 34 + rows * panel, _about("hourly", date, len(whales)))
-    scale = ticks(max((max(w["hourly"]) for w in whales), default=0) * 1.05, 3)  # one y axis for all
+    scale = ticks(max((max(w.hourly) for w in whales), default=0) * 1.05, 3)  # one y axis for all
     gutter = 8 + max(text_width(label, SMALL_TEXT) for label in _count_labels(scale))
     cell_width = (canvas.width - 8) / columns
     _title(canvas, f"Whales by hour (UTC), {date}")
@@ -192,7 +197,7 @@ def render_hourly(date: str, whales: list[dict[str, Any]]) -> bytes:
         box = _Box(left + gutter, 34 + row * panel + 16, cell_width - gutter - 10, panel - 16 - 24)
         with canvas.group(f"whale-panel-{i}"):
             canvas.text(left, box.top - 6, _label(whale), _TEXT)
-            for h, count in enumerate(whale["hourly"]):
+            for h, count in enumerate(whale.hourly):
                 y = box.up(count, scale[-1])
                 width = 2 * half * box.width
                 canvas.rect(box.hour(h) - width / 2, y, width, box.bottom - y, _WHALE_COLOR, tip=f"{h:02d}h: {count:,}")
@@ -266,19 +271,19 @@ def _heat_legend(canvas: Canvas, top: int, y: float) -> None:
         canvas.text(x, bar.bottom + SMALL_TEXT + 3, f"{tick:,}", SMALL_TEXT, anchor="middle")
 
 
-def _render_heatmap(date: str, whales: list[dict[str, Any]]) -> bytes:
+def _render_heatmap(date: str, whales: Sequence[Whale]) -> bytes:
     """Whales (rows, biggest first) by hour (columns), the hours on top and bottom, the colour
     scale (log) on top: a tall heatmap reads from its first rows."""
     row = 13.0
     labels = [_label(w, 28) for w in whales]
-    top = max(max(w["hourly"]) for w in whales)
+    top = max(max(w.hourly) for w in whales)
     left = 8 + max(text_width(label, SMALL_TEXT) for label in labels) + _TICK + 2
     box = _Box(left, 84, WIDTH - left - 8, row * len(whales))
     canvas = Canvas(WIDTH, box.bottom + 20, _about("hourly", date, len(whales)))
     _title(canvas, f"Whales by hour (UTC), {date}")
     _heat_legend(canvas, top, 34)
     cell = box.width / HOURS
-    pixels = [[_heat_color(count, top) for count in whale["hourly"]] for whale in whales]
+    pixels = [[_heat_color(count, top) for count in whale.hourly] for whale in whales]
     canvas.image(box.left, box.top, box.width, box.height, png(pixels), "whale-heatmap")
     for i, label in enumerate(labels):
         canvas.text(box.left - _TICK - 2, box.top + (i + 0.5) * row, label, SMALL_TEXT, anchor="end", middle=True)
@@ -311,7 +316,7 @@ def _clock_ticks(first: float, last: float) -> list[float]:
 
 
 def render_detail(date: str, mine: list[Row], ip_id: int) -> bytes | None:
-    """One ip_id's downloads (its rows: tiny.analytics.compute.rows_of): time of day x package
+    """One ip_id's downloads (its rows: tiny.analytics.rows.rows_of): time of day x package
     (its most downloaded packages by name)."""
     if not mine:
         return None
@@ -367,10 +372,10 @@ def render_detail(date: str, mine: list[Row], ip_id: int) -> bytes | None:
     return canvas.svg()
 
 
-def render(view: str, date: str, aggregate: dict[str, Any]) -> bytes:
-    """One of the views drawn from a day's aggregate (tiny.analytics.store.day_aggregate: its
+def render(view: str, date: str, aggregate: DayAggregate) -> bytes:
+    """One of the views drawn from a day's aggregate (tiny.analytics.answers.day_aggregate: its
     whales are the top N to show): ``traffic``, ``whales`` or ``hourly``."""
-    whales = aggregate["whales"]
+    whales = aggregate.whales
     if view == "traffic":
         return render_traffic(date, aggregate, whales)
     if view == "whales":

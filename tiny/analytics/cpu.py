@@ -11,16 +11,16 @@ group behind; the next server to start removes the groups of servers that are go
 Where: cgroup v2 (``cpu.max``) when the server's own cgroup delegates the cpu controller
 to its children (``cgroup.subtree_control`` holds ``cpu``), else cgroup v1's cpu
 controller (``cpu.cfs_quota_us``) when it is mounted and writable. When neither is allowed
-(an unprivileged container), the pool runs without a quota, at SCHED_IDLE as before, and
+(an unprivileged container), the pool runs without a quota, at SCHED_IDLE alone, and
 :data:`MODE` says so (in the start's log).
 
 A pool process is confined (its lane's group, SCHED_IDLE) by the worker that spawns it, the
 moment it exists (:class:`ConfinedContext`), not by itself once started: a spawned
-interpreter first imports the ``__main__`` script again and then its own modules, and the
-pools started by the first reads beside a busy ingest took that at full priority, outside
-the quota (measured: a 10 s dashboard arm's pool processes used 1.56 CPU-s under a quota of
-1, when that import was the whole server's, 0.16-0.24 CPU-s a process; tiny.main now leaves
-it to main(), and a pool process starts in 0.03-0.05 CPU-s).
+interpreter first imports the ``__main__`` script again and then its own modules, and a pool
+started by the first reads beside a busy ingest would take that at full priority, outside the
+quota. A pool process starts in 0.03-0.05 CPU-s: the ``__main__`` script (app.py, tiny.main)
+leaves the server's modules to main(), which a pool process never runs (tests/test_api.py
+holds that); an import of the whole server would be 0.16-0.24 CPU-s a process.
 
 The group is also made idle as a whole (``cpu.idle``, or the least ``cpu.shares`` /
 ``cpu.weight`` on kernels without it): the pool's own SCHED_IDLE ranks its processes only

@@ -13,7 +13,7 @@ blocks the event loop that serves ``/ingest``.
 CPU: the pool processes of every worker of a server share one cgroup quota of
 ``--analytics-cpu`` CPUs where one can be made (tiny.analytics.cpu), and run at
 ``--analytics-nice`` (default SCHED_IDLE) within it; each one exits when its worker process
-is gone (tiny.analytics.compute.pool_init), even a stopped one. Time: every job has a deadline
+is gone (tiny.analytics.pool_process.pool_init), even a stopped one. Time: every job has a deadline
 of JOB_SECONDS from when it starts to run in a pool process (a job waiting its turn is not
 counted); a process whose job runs past it is stuck (stopped, blocked in the kernel, looping)
 and is killed: its pool is replaced by the next query, and every query waiting on that pool is
@@ -26,9 +26,10 @@ answered :class:`Busy` naming the job that was stuck (:meth:`Analytics.trouble` 
 
 Caching of the row queries. A day file only grows (the sink appends; a failed flush may cut
 it back), so ``(path, size, mtime_ns)`` names one version of it. The worker keeps the results
-computed for the current version of each file in one LRU bounded in bytes
-(``--analytics-cache-bytes``; a result is counted by the size of its JSON or SVG); a new
-version replaces them. Concurrent identical queries share one computation.
+computed for the current version of each file (a result is counted by the size of its JSON or
+SVG; a new version replaces them) in its caches' budget, :attr:`Analytics.budget`, with
+tiny.live's answers: the worker's share of ``--analytics-cache-bytes``, its pool processes
+having the rest (tiny.analytics.caches). Concurrent identical queries share one computation.
 """
 
 from __future__ import annotations
@@ -42,8 +43,7 @@ import logging
 import os
 import time
 import weakref
-from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +51,8 @@ from typing import Any
 
 from tiny import layout, limits
 from tiny.aggregates import check_regular
-from tiny.analytics import charts, compute, cpu
-from tiny.analytics.compute import DayFile
+from tiny.analytics import caches, charts, cpu, json_bytes, pool_process, rows
+from tiny.analytics.rows import DayFile
 from tiny.config import Config
 
 log = logging.getLogger("tiny.analytics")
@@ -64,7 +64,6 @@ _TROUBLE_SECONDS = 60.0  # how long trouble() reports a pool replaced because a 
 # The lanes: each its own pool, so that an answer from the aggregates (milliseconds) never
 # waits behind a day's rows being read or a whale's detail drawn (seconds, within the quota).
 ANSWERS, ROWS = cpu.LANES
-_MISSING = object()
 
 
 class DayNotFound(LookupError):
@@ -139,34 +138,22 @@ def stat_day(data_dir: Path, date: str) -> DayFile:
     return DayFile(date, str(path), st.st_size, st.st_mtime_ns)
 
 
-class _Cache:
-    """Results per (day file, query), for the file's current version, LRU, at most ``limit`` bytes."""
+@dataclass(frozen=True)
+class WhaleDownloads:
+    """A query of a day's rows: one ip_id's first ``limit`` downloads (JSON)."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.bytes = 0
-        self._entries: OrderedDict[tuple[str, tuple[Any, ...]], tuple[tuple[int, int], Any, int]] = OrderedDict()
+    ip_id: int
+    limit: int
 
-    def get(self, day: DayFile, query: tuple[Any, ...]) -> Any:
-        key = (day.path, query)
-        entry = self._entries.get(key)
-        if entry is None or entry[0] != day.version:
-            return _MISSING
-        self._entries.move_to_end(key)
-        return entry[1]
 
-    def put(self, day: DayFile, query: tuple[Any, ...], result: Any, size: int) -> None:
-        key = (day.path, query)
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old[2]
-        if size > self.limit:
-            return  # bigger than the whole cache: computed again when asked again
-        self._entries[key] = (day.version, result, size)
-        self.bytes += size
-        while self.bytes > self.limit:
-            _, (_, _, dropped) = self._entries.popitem(last=False)
-            self.bytes -= dropped
+@dataclass(frozen=True)
+class Detail:
+    """A query of a day's rows: the ``detail`` chart of one ip_id's downloads (SVG)."""
+
+    ip_id: int
+
+
+RowQuery = WhaleDownloads | Detail
 
 
 def _size(result: Any) -> int:
@@ -175,13 +162,13 @@ def _size(result: Any) -> int:
         return len(result) + 64
     if isinstance(result, int) or result is None:
         return 64
-    return len(compute.dumps(result)) * 4  # Python objects weigh about 4x their JSON
+    return len(json_bytes.dumps(result)) * 4  # Python objects weigh about 4x their JSON
 
 
 class Analytics:
     """The analytics pool of one worker process, and the queries that read a day's rows.
 
-    The dashboard's other answers come from the aggregates (tiny.live, tiny.analytics.store),
+    The dashboard's other answers come from the aggregates (tiny.live, tiny.analytics.answers),
     run in this pool through :meth:`call`. The queries here read rows: one ip_id's
     downloads and the ``detail`` chart. Each stats the day file (DayNotFound if absent) and
     answers from the cache when that version was computed already. At most ``row_queries``
@@ -211,9 +198,11 @@ class Analytics:
         self._replaced: tuple[float, str] | None = None  # (when, why) a pool was last replaced as stuck
         self._pools: dict[str, concurrent.futures.ProcessPoolExecutor] = {}  # lane -> its pool
         self._closed = False
-        self._cache = _Cache(cache_bytes)
-        self._pending: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
-        self._reading_rows: dict[tuple[Any, ...], tuple[str, tuple[int, int]]] = {}  # pending key -> its day
+        self.shares = caches.Shares.of(cache_bytes, processes)
+        self.budget = caches.Budget(self.shares.worker)  # the worker's caches: these results, tiny.live's answers
+        self._cache: caches.Cache[tuple[tuple[int, int], Any]] = self.budget.cache("results of the row queries")
+        self._pending: dict[Hashable, asyncio.Future[Any]] = {}
+        self._reading_rows: dict[Hashable, tuple[str, tuple[int, int]]] = {}  # pending key -> its day
 
     @classmethod
     def from_config(cls, config: Config) -> Analytics:
@@ -226,11 +215,11 @@ class Analytics:
             cache_bytes=config.analytics_cache_bytes,
         )
 
-    async def downloads(self, date: str, ip_id: int, limit: int) -> bytes:
+    async def whale_downloads(self, date: str, ip_id: int, limit: int) -> bytes:
         """One ip_id's downloads of the day in time order (the first ``limit``), as the JSON
         answer (serialised in the pool); WhaleNotFound if none."""
         day = stat_day(self.data_dir, date)
-        result = await self._rows(day, ("downloads", ip_id, limit), compute.downloads_job, day, ip_id, limit)
+        result = await self._rows(day, WhaleDownloads(ip_id, limit), rows.whale_downloads_job, day, ip_id, limit)
         if result is None:
             raise WhaleNotFound(ip_id)
         return bytes(result)
@@ -238,13 +227,13 @@ class Analytics:
     async def detail(self, date: str, ip_id: int) -> bytes:
         """The ``detail`` chart of one ip_id's downloads (SVG); WhaleNotFound if none."""
         day = stat_day(self.data_dir, date)
-        svg = await self._rows(day, ("detail", ip_id), charts.detail_job, day, ip_id)
+        svg = await self._rows(day, Detail(ip_id), charts.detail_job, day, ip_id)
         if svg is None:
             raise WhaleNotFound(ip_id)
         return bytes(svg)
 
     async def call(
-        self, key: tuple[Any, ...], func: Callable[..., Any], *args: Any, what: str = "an answer from the aggregates"
+        self, key: Hashable, func: Callable[..., Any], *args: Any, what: str = "an answer from the aggregates"
     ) -> Any:
         """``func(*args)`` in the ANSWERS lane (once for all concurrent callers with the same
         ``key``): the answers from the aggregates (tiny.live). ``what`` names it in the message
@@ -301,7 +290,7 @@ class Analytics:
     def _executor(self, lane: str) -> concurrent.futures.ProcessPoolExecutor:
         """The pool of ``lane``, created on first use (in the worker process that uses it). Its
         processes are spawned by the thread that submits to it, the event loop's, which lives
-        as long as the worker (tiny.analytics.compute.pool_init ties their lives to it)."""
+        as long as the worker (tiny.analytics.pool_process.pool_init ties their lives to it)."""
         if self._closed:
             raise Busy("the server is shutting down")
         pool = self._pools.get(lane)
@@ -309,8 +298,8 @@ class Analytics:
             pool = self._pools[lane] = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.processes,
                 mp_context=cpu.ConfinedContext(cpu.CGROUP, lane, self.nice),
-                initializer=compute.pool_init,
-                initargs=(os.getpid(),),
+                initializer=pool_process.pool_init,
+                initargs=(os.getpid(), self.shares.rows_process if lane == ROWS else self.shares.answers_process),
             )
             log.info(
                 "analytics pool (%s) started: %d process(es), nice %s",
@@ -320,6 +309,10 @@ class Analytics:
             )
         return pool
 
+    def _keep(self, day: DayFile, query: RowQuery, result: Any, size: int) -> None:
+        """Keep ``result`` for this version of the day file (the versions before it are replaced)."""
+        self._cache.put((day.path, query), (day.version, result), size)
+
     def _replace_broken(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
         """Forget a pool whose process died (killed, out of memory): the next query starts a new one."""
         for lane, pool in list(self._pools.items()):
@@ -328,14 +321,14 @@ class Analytics:
                 del self._pools[lane]
                 broken.shutdown(wait=False, cancel_futures=True)
 
-    async def _rows(self, day: DayFile, query: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
+    async def _rows(self, day: DayFile, query: RowQuery, func: Callable[..., Any], *args: Any) -> Any:
         """``func(*args)``, a job that reads the day's rows, in the pool, or its cached result
         for this version of the day file. Queries of a day version being read already share
         its parsed rows (the pool keeps them) and are let through; past ``row_queries``
         distinct day versions being read at once, Busy."""
-        found = self._cache.get(day, query)
-        if found is not _MISSING:
-            return found
+        found = self._cache.get((day.path, query))
+        if isinstance(found, tuple) and found[0] == day.version:
+            return found[1]
         key = (day.path, day.version, query)
         reading = (day.path, day.version)
         if key not in self._pending and reading not in self._reading_rows.values():
@@ -347,7 +340,7 @@ class Analytics:
         if key not in self._pending:
             self._reading_rows[key] = reading  # until the computation settles (see _settle)
         try:
-            store = functools.partial(self._cache.put, day, query)
+            store = functools.partial(self._keep, day, query)
             what = f"reading the rows of {Path(day.path).name}"
             return await self._run(key, lambda result: store(result, _size(result)), func, *args, lane=ROWS, what=what)
         except Busy:
@@ -357,7 +350,7 @@ class Analytics:
 
     async def _run(
         self,
-        key: tuple[Any, ...],
+        key: Hashable,
         store: Callable[[Any], None],
         func: Callable[..., Any],
         *args: Any,
@@ -451,7 +444,7 @@ class Analytics:
             if not job.future.done():
                 job.future.set_exception(Busy(f"{cause}: its process was killed, a new one starts"))
 
-    def _settle(self, key: tuple[Any, ...], store: Callable[[Any], None], done: asyncio.Future[Any]) -> None:
+    def _settle(self, key: Hashable, store: Callable[[Any], None], done: asyncio.Future[Any]) -> None:
         self._pending.pop(key, None)
         self._reading_rows.pop(key, None)
         if done.cancelled():

@@ -1,7 +1,7 @@
 """The analytics API, ``GET /api/...``: validate, then await the live aggregates or the pool.
 
 The days, summaries, whales and the ``traffic``, ``whales`` and ``hourly`` charts are
-answered from the live aggregate store (tiny.live, tiny.analytics.store: an index read of a
+answered from the live aggregate store (tiny.live, tiny.analytics.answers: an index read of a
 day's aggregates, the charts written as SVG from them and kept per version); one ip_id's downloads
 and the ``detail`` chart read that ip_id's rows of the day file (tiny.analytics.service, bounded
 in CPU and concurrency). Both run in the worker's analytics pool: these requests never hold
@@ -16,7 +16,9 @@ Errors use the JSON shape of tiny.handlers.base: 400 bad date / ``top`` / ``limi
 ``ip_id``, 401 token, 404 no such day (or ip_id on that day, or chart), 405 other methods,
 503 + Retry-After when too many analytics queries are queued, a query that reads rows is already running in this
 process, the data dir's lock or the store is busy, the analytics process died (it is
-restarted on the next query) or the server is shutting down.
+restarted on the next query) or the server is shutting down; and while the day is still
+being counted, with what is left beside the message: ``"counting": {"day", "rows_left",
+"bytes_left"}`` (tiny.aggregates.Behind.counting).
 """
 
 from __future__ import annotations
@@ -29,15 +31,13 @@ from typing import Any, TypeVar
 
 import orjson
 
-from tiny import layout
+from tiny import layout, limits
 from tiny.aggregates import Behind, Unavailable
-from tiny.analytics import charts, compute, service
+from tiny.analytics import answers, charts, json_bytes, service
 from tiny.handlers.base import APIError, JSONHandler
 from tiny.sink import SinkError
 
 T = TypeVar("T")
-DEFAULT_DAYS_PAGE = 100
-MAX_DAYS_PAGE = 1000
 DATE = r"([^/]+)"  # anything up to the next slash in a URL pattern: a malformed date gets a 400, not a 404
 
 
@@ -73,7 +73,7 @@ class AnalyticsHandler(JSONHandler):
         return int(text)
 
     def top(self) -> int:
-        return self.number("top", compute.DEFAULT_TOP, compute.MAX_TOP)
+        return self.number("top", limits.WHALES_DEFAULT_TOP, limits.WHALES_MAX_TOP)
 
     def ip_id(self, text: str) -> int:
         if not re.fullmatch(r"[0-9]{1,20}", text) or not 1 <= int(text) < 2**64:
@@ -90,17 +90,19 @@ class AnalyticsHandler(JSONHandler):
             raise APIError(404, f"ip_id {exc.args[0]} downloaded nothing that day") from None
         except service.Busy as exc:
             raise APIError(503, f"analytics are busy: {exc}; try again", {"Retry-After": "1"}) from None
-        except (SinkError, Behind, Unavailable) as exc:
+        except Behind as exc:  # the figures of what is left, for the page to show
+            raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}, {"counting": exc.counting()}) from None
+        except (SinkError, Unavailable) as exc:
             raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}) from None
         except sqlite3.OperationalError as exc:  # the store's write lock held too long (a rebuild)
             raise APIError(503, f"the aggregate store is busy ({exc}); try again", {"Retry-After": "5"}) from None
 
-    async def aggregated(self, query: tuple[Any, ...], day: str) -> bytes:
-        """The answer to a dashboard query from the live aggregates of ``day`` (JSON or SVG);
+    async def aggregated(self, query: answers.OfDay) -> bytes:
+        """The answer to a dashboard query from the live aggregates of its day (JSON or SVG);
         404 when the day has no file."""
-        answer = await self.answer(self.deps.live.answer(query, [day]))
+        answer = await self.answer(self.deps.live.answer(query))
         if answer.body in (b"null", b""):
-            raise APIError(404, f"no data for day {day}")
+            raise APIError(404, f"no data for day {query.date}")
         return answer.body
 
     async def listed(self, days: list[str]) -> list[dict[str, Any]]:
@@ -109,12 +111,12 @@ class AnalyticsHandler(JSONHandler):
             return []
         # The rows of a day being written are counted from its new bytes (8 GB/s compiled): the
         # answers' lane, where a visit's first query does not wait behind another's row read.
-        answer = await self.answer(self.deps.live.answer(("days", tuple(days)), days))
+        answer = await self.answer(self.deps.live.answer(answers.Days(tuple(days))))
         return list(orjson.loads(answer.body))
 
     def send_json(self, body: Any) -> None:
         """Finish with ``body`` as JSON (integers of any size: byte totals may pass 2^64)."""
-        self.finish(compute.dumps(body))
+        self.finish(json_bytes.dumps(body))
 
     def send_body(self, body: bytes) -> None:
         """Finish with JSON ``body`` serialised already (in the pool)."""
@@ -130,7 +132,7 @@ class DaysHandler(AnalyticsHandler):
     """
 
     async def get(self) -> None:
-        limit = self.number("limit", DEFAULT_DAYS_PAGE, MAX_DAYS_PAGE)
+        limit = self.number("limit", limits.DAYS_PAGE_DEFAULT, limits.DAYS_PAGE_MAX)
         after = self.get_query_argument("after", "")
         after = self.date(after) if after else ""
         live = self.deps.live
@@ -150,7 +152,7 @@ class SummaryHandler(AnalyticsHandler):
 
     async def get(self, date: str) -> None:
         day = self.date(date)
-        self.send_body(await self.aggregated(("summary", day, self.top()), day))
+        self.send_body(await self.aggregated(answers.Summary(day, self.top())))
 
 
 class WhalesHandler(AnalyticsHandler):
@@ -163,7 +165,7 @@ class WhalesHandler(AnalyticsHandler):
 
     async def get(self, date: str) -> None:
         day = self.date(date)
-        self.send_body(await self.aggregated(("whales", day, self.top()), day))
+        self.send_body(await self.aggregated(answers.Whales(day, self.top())))
 
 
 class HourlyHandler(AnalyticsHandler):
@@ -173,10 +175,10 @@ class HourlyHandler(AnalyticsHandler):
 
     async def get(self, date: str) -> None:
         day = self.date(date)
-        self.send_body(await self.aggregated(("hourly", day, self.top()), day))
+        self.send_body(await self.aggregated(answers.Hourly(day, self.top())))
 
 
-class DownloadsHandler(AnalyticsHandler):
+class WhaleDownloadsHandler(AnalyticsHandler):
     """``GET /api/days/<date>/whales/<ip_id>/downloads?limit=L`` (L 1..100000, default 1000).
 
     200 ``{"date", "ip_id", "name", "country", "total", "bytes", "packages", "limit",
@@ -187,8 +189,8 @@ class DownloadsHandler(AnalyticsHandler):
 
     async def get(self, date: str, ip_id: str) -> None:
         day, ip = self.date(date), self.ip_id(ip_id)
-        limit = self.number("limit", compute.DEFAULT_LIMIT, compute.MAX_LIMIT)
-        self.finish(await self.answer(self.deps.analytics.downloads(day, ip, limit)))  # JSON from the pool
+        limit = self.number("limit", limits.WHALE_DOWNLOADS_DEFAULT_LIMIT, limits.WHALE_DOWNLOADS_MAX_LIMIT)
+        self.finish(await self.answer(self.deps.analytics.whale_downloads(day, ip, limit)))  # JSON from the pool
 
 
 class ChartHandler(AnalyticsHandler):
@@ -212,10 +214,10 @@ class ChartHandler(AnalyticsHandler):
         text = self.get_query_argument("ip_id", None)
         ip_id = self.ip_id(text) if text is not None else None
         if view in charts.FROM_AGGREGATES:
-            svg = await self.aggregated(("chart", view, day, top), day)
+            svg = await self.aggregated(answers.Chart(day, view, top))
         else:  # detail: one ip_id's downloads, from the rows
             if ip_id is None:
-                biggest = orjson.loads(await self.aggregated(("biggest", day), day))
+                biggest = orjson.loads(await self.aggregated(answers.Biggest(day)))
                 if biggest is None:
                     raise APIError(404, f"nobody downloaded anything on {day}")
                 ip_id = int(biggest)

@@ -104,12 +104,20 @@ def header_refusal(headers: HTTPHeaders | Fields) -> APIError | None:
 
 
 class APIError(web.HTTPError):
-    """An error whose ``message`` is shown to the client, with optional extra headers."""
+    """An error whose ``message`` is shown to the client, with optional extra headers and
+    ``details``, fields of its body beside the status and the message (tiny.protocol.error_body)."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(status, "%s", message)
         self.message = message
         self.headers = headers or {}
+        self.details = details or {}
 
 
 class JSONHandler(web.RequestHandler):
@@ -193,16 +201,17 @@ class JSONHandler(web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message = kwargs.get("message")
+        details = None
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, APIError):
-            message = exc.message
+            message, details = exc.message, exc.details
             for name, value in exc.headers.items():
                 self.set_header(name, value)
         if message is None:
             message = self._reason
         if status_code == 405:
             self.set_header("Allow", ", ".join(self.allowed))
-        self.finish(error_body(status_code, message))
+        self.finish(error_body(status_code, message, details))
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, web.HTTPError):  # a client's mistake: a warning, no traceback

@@ -240,7 +240,7 @@ class IngestRequest(httputil.HTTPMessageDelegate):
 
     def _refuse(self, exc: APIError) -> Any:
         log.warning("%d %s /ingest: %s", exc.status_code, self.method, exc.message)
-        return self._answer(exc.status_code, error_body(exc.status_code, exc.message), exc.headers)
+        return self._answer(exc.status_code, error_body(exc.status_code, exc.message, exc.details), exc.headers)
 
     def _answer(self, status: int, body: bytes, extra: dict[str, str] | None) -> Any:
         if self.answered or self.connection.stream.closed():

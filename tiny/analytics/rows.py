@@ -1,6 +1,6 @@
-"""The pool side of the queries that read a day's rows: one ip_id's downloads (and its chart).
+"""One ip_id's rows of a day file, read in a pool process: its downloads, and the rows its ``detail`` chart draws.
 
-Everything else the dashboard shows comes from the aggregate store (tiny.analytics.store).
+Everything else the dashboard shows comes from the aggregate store (tiny.analytics.answers).
 This runs in an analytics pool process (see :mod:`tiny.analytics.service`), never in a
 worker serving HTTP, within the server's analytics CPU quota (tiny.analytics.cpu): the
 ``*_job`` functions are what the worker submits, and they return small, picklable results.
@@ -9,8 +9,8 @@ Only that ip_id's rows are read: ip_id is a day file's last column, a bare integ
 of its rows ends with ``,<ip_id>`` and its LF, which a byte search finds (memchr speed: about
 10 ms for 10 MB); those lines alone are read, by the rule the aggregates count with
 (tiny.cranlog.read_row: a line that is not a row for them is not one here either), and held
-to the ip_id again. The pool process keeps the rows of its last ip_ids and file versions, at
-most ``_ROWS_CACHE_BYTES``.
+to the ip_id again. The pool process keeps the rows of its last ip_ids and file versions,
+within its caches' budget (tiny.analytics.caches): queries of the same version share them.
 
 Reading a file that is being appended to: a job reads exactly the first ``size`` bytes (the
 stat its :class:`DayFile` came from) and ignores a last line without its LF (a write in
@@ -19,42 +19,17 @@ progress).
 
 from __future__ import annotations
 
-import ctypes
-import json
 import os
-import signal
-import threading
-import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from tiny.analytics import caches
+from tiny.analytics.json_bytes import dumps
 from tiny.analytics.names import whale_name
 from tiny.cranlog import Row, read_row
 
-DEFAULT_TOP = 6
-MAX_TOP = 100  # whales a dashboard query may ask for (``top``)
-DEFAULT_LIMIT = 1000
-MAX_LIMIT = 100_000
-HOURS = 24
-_ROWS_CACHE_BYTES = 64 * 1024**2  # rows of ip_ids a pool process keeps (the newest always)
 _ROW_WEIGHT = 4  # a Row weighs about 4x its line
-_PARENT_POLL_SECONDS = 1.0
-_PR_SET_PDEATHSIG = 1  # prctl(2)
-
-_rows: OrderedDict[tuple[str, int, int, int], tuple[list[Row], int]] = OrderedDict()  # key -> (rows, weight)
-_rows_held = [0]  # the weights of _rows, summed
-
-
-def dumps(value: Any) -> bytes:
-    """An answer as JSON bytes: orjson, or the stdlib's json when an integer is past orjson's
-    64-bit range (byte totals can be: Python's sums are exact)."""
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
@@ -69,40 +44,6 @@ class DayFile:
     @property
     def version(self) -> tuple[int, int]:
         return (self.size, self.mtime_ns)
-
-
-def pool_init(parent: int) -> None:
-    """Runs first in each pool process (confined already: tiny.analytics.cpu.ConfinedContext):
-    signals, and its end with its worker's.
-
-    A worker killed with -9 cannot stop its pool. On Linux the kernel does: PR_SET_PDEATHSIG
-    has it SIGKILL this process when the thread that spawned it ends, and SIGKILL reaches
-    even a stopped process (a pool process SIGSTOPped, then its worker killed, is gone with
-    it). That thread is the worker's event loop thread (tiny.analytics.service spawns the pool
-    from it), which ends only with the worker. A worker already gone before the request was
-    made is seen by the parent check after it. Elsewhere, a thread polls for the parent
-    (a stopped process then goes once it is continued)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the worker decides
-    if _kill_me_with_my_parent():
-        if os.getppid() != parent:
-            os._exit(0)
-    else:
-        threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="parent-watch").start()
-
-
-def _kill_me_with_my_parent() -> bool:
-    """PR_SET_PDEATHSIG = SIGKILL for this process; False where that cannot be asked."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
-def _watch_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(_PARENT_POLL_SECONDS)
-    os._exit(0)
 
 
 def read_complete_lines(path: str, size: int) -> bytes:
@@ -137,21 +78,22 @@ def lines_of(data: bytes, ip_id: int, start: int = 0) -> bytes:
 
 def rows_of(day: DayFile, ip_id: int) -> list[Row]:
     """The rows of ``ip_id`` in this version of the day file, in file order (cached)."""
+    kept = _rows_cache()
     key = (day.path, day.size, day.mtime_ns, ip_id)
-    held = _rows.get(key)
-    if held is not None:
-        _rows.move_to_end(key)
-        return held[0]
+    held = kept.get(key)
+    if isinstance(held, list):
+        return held
     data = read_complete_lines(day.path, day.size)
     mine = lines_of(data, ip_id, data.find(b"\n") + 1)  # after the header
     lines = mine.decode("utf-8", "replace").split("\n")[:-1]
     rows = [row for line in lines if (row := read_row(line)) is not None and row.ip_id == ip_id]
-    _rows[key] = (rows, len(mine) * _ROW_WEIGHT)
-    _rows_held[0] += len(mine) * _ROW_WEIGHT
-    while len(_rows) > 1 and _rows_held[0] > _ROWS_CACHE_BYTES:
-        _, (_, weight) = _rows.popitem(last=False)
-        _rows_held[0] -= weight
+    kept.put(key, rows, len(mine) * _ROW_WEIGHT)
     return rows
+
+
+def _rows_cache() -> caches.Cache[list[Row]]:
+    """The rows of the ip_ids read last, by version of their day file."""
+    return caches.process_budget().cache("rows of one ip_id")
 
 
 def ranked(values: list[str]) -> list[tuple[str, int]]:
@@ -182,7 +124,7 @@ def whale_downloads(rows: list[Row], date: str, ip_id: int, limit: int) -> dict[
     }
 
 
-def downloads_job(day: DayFile, ip_id: int, limit: int) -> bytes | None:
+def whale_downloads_job(day: DayFile, ip_id: int, limit: int) -> bytes | None:
     """Pool job: one ip_id's downloads (see :func:`whale_downloads`) as JSON bytes, None if it has
     none. Serialised here: an answer of 100,000 downloads is megabytes the worker only sends."""
     result = whale_downloads(rows_of(day, ip_id), day.date, ip_id, limit)

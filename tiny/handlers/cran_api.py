@@ -1,7 +1,7 @@
 """The CRAN downloads API, ``GET /downloads``, ``/top``, ``/badges``, ``/trending``, ``/ping``, ``/check``.
 
 The routes, paths and JSON shapes of the public service (r-hub/cranlogs.app, routes/*.js), so
-that its R client works unchanged; tiny.downloads answers. Errors in the project's JSON shape:
+that its R client works unchanged; tiny.cran_api answers. Errors in the project's JSON shape:
 400 a bad period, package name, count or colour, or a range that ends before it starts; 404
 for ``R`` (downloads of R itself come from another log than the package downloads Tiny
 ingests); 503 with Retry-After when the data dir's lock is held too long or the analytics
@@ -19,17 +19,27 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from datetime import timedelta
-from typing import Any
 
 import orjson
 
-from tiny import badges
+from tiny import badges, limits
 from tiny.aggregates import Behind, Unavailable
 from tiny.analytics.service import Busy
-from tiny.downloads import DEFAULT_TOP, MAX_TOP, SUMMARIES, Period, keyword_of, parse_packages, parse_period
+from tiny.cran_api import (
+    SUMMARIES,
+    Count,
+    Daily,
+    MonthlyTotals,
+    Period,
+    Top,
+    Total,
+    Trending,
+    keyword_of,
+    parse_packages,
+    parse_period,
+)
 from tiny.handlers.base import JSON, APIError, JSONHandler
-from tiny.live import Answer, etag_of
+from tiny.live import Answer, Query, etag_of
 from tiny.sink import SinkError
 
 _R = "downloads of R itself are not in the package download logs this server ingests"
@@ -53,10 +63,12 @@ class DownloadsBase(JSONHandler):
     def compute_etag(self) -> None:
         return None  # ours comes with the answer (tiny.live.Answer.etag)
 
-    async def answer(self, query: tuple[Any, ...], needed: list[str] | None) -> Answer:
+    async def answer(self, query: Query) -> Answer:
         try:
-            return await self.deps.live.answer(query, needed)
-        except (SinkError, Behind, Unavailable) as exc:
+            return await self.deps.live.answer(query)
+        except Behind as exc:
+            raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}, {"counting": exc.counting()}) from None
+        except (SinkError, Unavailable) as exc:
             raise APIError(503, f"{exc}; try again", {"Retry-After": "5"}) from None
         except Busy as exc:
             raise APIError(503, f"{exc}; try again", {"Retry-After": "1"}) from None
@@ -99,8 +111,8 @@ class PackageDownloadsHandler(DownloadsBase):
     async def get(self, kind: str, period_text: str, packages_text: str | None = None) -> None:
         period = self.period(period_text)
         packages = self.packages(packages_text)
-        answer = await self.answer((kind, period, tuple(packages) if packages else None), period.days())
-        self.send(answer)
+        names = tuple(packages) if packages else None
+        self.send(await self.answer(Total(period, names) if kind == "total" else Daily(period, names)))
 
 
 class TopHandler(DownloadsBase):
@@ -110,19 +122,20 @@ class TopHandler(DownloadsBase):
 
     async def get(self, period_text: str, count_text: str | None = None) -> None:
         period = self.period(period_text)
-        self.send(await self.answer(("top", period, top_count(count_text)), period.days()))
+        self.send(await self.answer(Top(period, top_count(count_text))))
 
 
 def top_count(text: str | None) -> int:
-    """``/top``'s count: DEFAULT_TOP for None, at most MAX_TOP; APIError 400 for anything but
+    """``/top``'s count: CRAN_DEFAULT_TOP (tiny.limits) for None, at most CRAN_MAX_TOP; APIError 400 for anything but
     ASCII digits, or 0. (Its length is bounded before ``int``: a long string of digits is
     quadratic to convert, and past 4,300 digits Python refuses it.)"""
     if text is None:
-        return DEFAULT_TOP
+        return limits.CRAN_DEFAULT_TOP
     if not _COUNT.match(text) or not text.strip("0"):
-        raise APIError(400, f"the count must be a whole number from 1 (more than {MAX_TOP} gives {MAX_TOP})")
+        most = limits.CRAN_MAX_TOP
+        raise APIError(400, f"the count must be a whole number from 1 (more than {most} gives {most})")
     digits = text.lstrip("0")
-    return MAX_TOP if len(digits) > len(str(MAX_TOP)) else min(int(digits), MAX_TOP)
+    return limits.CRAN_MAX_TOP if len(digits) > len(str(limits.CRAN_MAX_TOP)) else min(int(digits), limits.CRAN_MAX_TOP)
 
 
 class MonthlyTotalsHandler(DownloadsBase):
@@ -131,17 +144,15 @@ class MonthlyTotalsHandler(DownloadsBase):
 
     async def get(self) -> None:
         period = self.period("last-month")
-        self.send(await self.answer(("monthly-totals", period), period.days()))
+        self.send(await self.answer(MonthlyTotals(period)))
 
 
 class TrendingHandler(DownloadsBase):
-    """``GET /trending``: see tiny.downloads.trending."""
+    """``GET /trending``: see tiny.cran_api.trending."""
 
     async def get(self) -> None:
         live = self.deps.live
-        last = live.last_day(live.version())
-        needed = Period(last - timedelta(days=6 + 7 * 24), last).days()
-        self.send(await self.answer(("trending", last), needed))
+        self.send(await self.answer(Trending(live.last_day(live.version()))))
 
 
 class BadgeHandler(DownloadsBase):
@@ -161,14 +172,7 @@ class BadgeHandler(DownloadsBase):
             fill = badges.color(self.get_query_argument("color", None))
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
-        if summary == "grand-total":
-            query: tuple[Any, ...] = ("count", name, "0001-01-01", "9999-12-31")
-            needed = None
-        else:
-            period = self.period(summary)
-            query = ("count", name, period.start.isoformat(), period.end.isoformat())
-            needed = period.days()
-        answer = await self.answer(query, needed)
+        answer = await self.answer(Count(name, None if summary == "grand-total" else self.period(summary)))
         svg = badges.svg(badges.text(int(answer.body), SUMMARIES[summary]), fill)
         self.send(answer, svg, "image/svg+xml")
 

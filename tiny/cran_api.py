@@ -6,10 +6,13 @@
   (what the R client sends when ``to`` is left at its default); ValueError with the reason
   for anything else.
 - The answers, as pure functions of an :class:`tiny.aggregates.Aggregates` store
-  (:func:`totals`, :func:`daily`, :func:`top`, :func:`monthly_totals`, :func:`trending`,
-  :func:`package_sum`) and :func:`answer`, which tiny.live's pool job calls once the days are
-  folded up to their committed sizes. A query reads the days and packages it asks for, never
-  the rows.
+  (:func:`totals`, :func:`daily`, :func:`top`, :func:`monthly_totals`, :func:`trending`),
+  reading it through tiny.aggregate_sql.
+- The queries, one frozen dataclass per kind (:class:`tiny.live.Query`): :class:`Total`,
+  :class:`Daily`, :class:`Top`, :class:`MonthlyTotals`, :class:`Trending` and :class:`Count`
+  (a badge's), each with the days it reads and its answer, which tiny.live's pool job asks
+  for once those days are folded up to their committed sizes. A query reads the days and
+  packages it asks for, never the rows.
 
 Days without data count 0. Ties in ``top``, ``monthly_totals`` and ``trending``: the package
 name, alphabetically.
@@ -21,13 +24,17 @@ included): the store's rows per day (``files.rows``), not the sum of its package
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
+from tiny import aggregate_sql as sql
 from tiny import layout
+from tiny.limits import TRENDING_MIN, TRENDING_WEEKS
+from tiny.live import Query
 
 if TYPE_CHECKING:
     from tiny.aggregates import Aggregates
@@ -35,10 +42,6 @@ if TYPE_CHECKING:
 PACKAGE = re.compile(r"[A-Za-z][A-Za-z0-9.]*\Z")  # CRAN's package names: letters, digits, dots
 SUMMARIES = {"last-day": "day", "last-week": "week", "last-month": "month", "grand-total": ""}
 SPANS = {"last-day": 0, "last-week": 6, "last-month": 29}  # the days before the last day with data
-MAX_TOP = 100  # the public service keeps the top 100 of each period: a larger count gets 100
-DEFAULT_TOP = 9  # the public service's count when none is given
-TRENDING_MIN = 1000  # downloads in the last week for a package to trend
-TRENDING_WEEKS = 24
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,10 @@ class Period:
     def days(self) -> list[str]:
         count = (self.end - self.start).days + 1
         return [(self.start + timedelta(days=n)).isoformat() for n in range(count)]
+
+    def span(self) -> tuple[str, str]:
+        """Its first and last day, as ISO dates."""
+        return self.start.isoformat(), self.end.isoformat()
 
 
 def parse_period(text: str, last_day: date) -> Period:
@@ -94,26 +101,15 @@ def parse_packages(text: str) -> list[str]:
 # -- the answers, from the store (in the pool) ---------------------------------------------
 
 
-def totals(store: Aggregates, period: Period, packages: list[str] | None) -> list[dict[str, Any]]:
+def totals(store: Aggregates, period: Period, packages: Sequence[str] | None) -> list[dict[str, Any]]:
     start, end = period.start.isoformat(), period.end.isoformat()
     span = {"start": start, "end": end}
     if packages is None:
-        (count,) = store.db.execute(
-            "SELECT COALESCE(SUM(rows), 0) FROM files WHERE day BETWEEN ? AND ?", (start, end)
-        ).fetchone()
-        return [{"downloads": count, **span}]
-    return [{"downloads": package_sum(store, name, start, end), **span, "package": name} for name in packages]
+        return [{"downloads": sql.rows_between(store.db, start, end), **span}]
+    return [{"downloads": sql.package_sum(store.db, name, start, end), **span, "package": name} for name in packages]
 
 
-def package_sum(store: Aggregates, package: str, start: str, end: str) -> int:
-    (count,) = store.db.execute(
-        "SELECT COALESCE(SUM(downloads), 0) FROM packages WHERE package = ? AND day BETWEEN ? AND ?",
-        (package, start, end),
-    ).fetchone()
-    return int(count)
-
-
-def daily(store: Aggregates, period: Period, packages: list[str] | None) -> list[dict[str, Any]]:
+def daily(store: Aggregates, period: Period, packages: Sequence[str] | None) -> list[dict[str, Any]]:
     start, end = period.start.isoformat(), period.end.isoformat()
     span = {"start": start, "end": end}
 
@@ -122,15 +118,11 @@ def daily(store: Aggregates, period: Period, packages: list[str] | None) -> list
         return [{"day": day, "downloads": found.get(day, 0)} for day in period.days()]
 
     if packages is None:
-        rows = store.db.execute("SELECT day, rows FROM files WHERE day BETWEEN ? AND ?", (start, end)).fetchall()
-        return [{"downloads": per_day(rows), **span}]
-    answer = []
-    for name in packages:
-        rows = store.db.execute(
-            "SELECT day, downloads FROM packages WHERE package = ? AND day BETWEEN ? AND ?", (name, start, end)
-        ).fetchall()
-        answer.append({"downloads": per_day(rows), **span, "package": name})
-    return answer
+        return [{"downloads": per_day(sql.rows_per_day(store.db, start, end)), **span}]
+    return [
+        {"downloads": per_day(sql.package_per_day(store.db, name, start, end)), **span, "package": name}
+        for name in packages
+    ]
 
 
 def top(store: Aggregates, period: Period, count: int) -> dict[str, Any]:
@@ -150,11 +142,12 @@ def monthly_totals(store: Aggregates, period: Period) -> list[dict[str, str]]:
 
 def _ranked(store: Aggregates, period: Period, limit: int) -> list[tuple[str, int]]:
     """(package, downloads in ``period``), most first, ties by name; at most ``limit`` (-1: all)."""
-    return store.db.execute(
-        "SELECT package, SUM(downloads) AS n FROM packages WHERE day BETWEEN ? AND ? "
-        "GROUP BY package ORDER BY n DESC, package LIMIT ?",
-        (period.start.isoformat(), period.end.isoformat(), limit),
-    ).fetchall()
+    return sql.ranked_packages(store.db, period.start.isoformat(), period.end.isoformat(), limit)
+
+
+def trending_period(last_day: date) -> Period:
+    """The days /trending reads: the week ending ``last_day`` and the TRENDING_WEEKS weeks before."""
+    return Period(last_day - timedelta(days=6 + 7 * TRENDING_WEEKS), last_day)
 
 
 def trending(store: Aggregates, last_day: date) -> list[dict[str, str]]:
@@ -163,41 +156,94 @@ def trending(store: Aggregates, last_day: date) -> list[dict[str, str]]:
     increase as the public service computes it: that week / the average week, in percent."""
     week_start = last_day - timedelta(days=6)
     before_start = week_start - timedelta(days=7 * TRENDING_WEEKS)
-    rows = store.db.execute(
-        "SELECT w.package, 100.0 * ? * w.n / b.n AS increase FROM "
-        "(SELECT package, SUM(downloads) AS n FROM packages WHERE day BETWEEN ? AND ? GROUP BY package "
-        " HAVING SUM(downloads) >= ?) AS w JOIN "
-        "(SELECT package, SUM(downloads) AS n FROM packages WHERE day >= ? AND day < ? GROUP BY package) AS b "
-        "ON w.package = b.package ORDER BY increase DESC, w.package LIMIT 100",
-        (
-            TRENDING_WEEKS,
-            week_start.isoformat(),
-            last_day.isoformat(),
-            TRENDING_MIN,
-            before_start.isoformat(),
-            week_start.isoformat(),
-        ),
-    ).fetchall()
+    week = (week_start.isoformat(), last_day.isoformat())
+    before = (before_start.isoformat(), week_start.isoformat())
+    rows = sql.rising_packages(store.db, week, before, TRENDING_WEEKS, TRENDING_MIN)
     return [{"package": name, "increase": f"{increase:.2f}"} for name, increase in rows]
 
 
-def answer(store: Aggregates, query: tuple[Any, ...]) -> bytes:
-    """The answer to one of the downloads API's queries, as JSON bytes (a badge's count as text)."""
-    kind, *args = query
-    if kind == "total":
-        return orjson.dumps(totals(store, *args))
-    if kind == "daily":
-        return orjson.dumps(daily(store, *args))
-    if kind == "top":
-        return orjson.dumps(top(store, *args))
-    if kind == "trending":
-        return orjson.dumps(trending(store, *args))
-    if kind == "monthly-totals":
-        return orjson.dumps(monthly_totals(store, *args))
-    if kind == "count":  # one package's total over a period (a badge)
-        package, start, end = args
-        return str(package_sum(store, package, start, end)).encode()
-    raise ValueError(f"unknown query {kind!r}")
+# -- the queries: one frozen dataclass per kind (tiny.live.Query) -------------------------------
 
 
-KINDS = frozenset(("total", "daily", "top", "trending", "monthly-totals", "count"))
+@dataclass(frozen=True)
+class _OfPeriod(Query):
+    period: Period
+
+    @property
+    def days(self) -> list[str]:
+        return self.period.days()
+
+
+@dataclass(frozen=True)
+class Total(_OfPeriod):
+    """``/downloads/total``: the downloads of each of ``packages`` (None: of all) in the period."""
+
+    kind: ClassVar[str] = "total"
+    packages: tuple[str, ...] | None
+
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        return orjson.dumps(totals(store, self.period, self.packages))
+
+
+@dataclass(frozen=True)
+class Daily(_OfPeriod):
+    """``/downloads/daily``: the downloads of each of ``packages`` (None: of all) on each day."""
+
+    kind: ClassVar[str] = "daily"
+    packages: tuple[str, ...] | None
+
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        return orjson.dumps(daily(store, self.period, self.packages))
+
+
+@dataclass(frozen=True)
+class Top(_OfPeriod):
+    """``/top``: the ``count`` most downloaded packages of the period."""
+
+    kind: ClassVar[str] = "top"
+    count: int
+
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        return orjson.dumps(top(store, self.period, self.count))
+
+
+@dataclass(frozen=True)
+class MonthlyTotals(_OfPeriod):
+    """``/downloads/monthly-totals``: every package of the period, most downloaded first."""
+
+    kind: ClassVar[str] = "monthly-totals"
+
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        return orjson.dumps(monthly_totals(store, self.period))
+
+
+@dataclass(frozen=True)
+class Trending(Query):
+    """``/trending``: the packages whose downloads rose most in the week ending ``last_day``."""
+
+    kind: ClassVar[str] = "trending"
+    last_day: date
+
+    @property
+    def days(self) -> list[str]:
+        return trending_period(self.last_day).days()
+
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        return orjson.dumps(trending(store, self.last_day))
+
+
+@dataclass(frozen=True)
+class Count(Query):
+    """A badge's count: the downloads of ``package`` in ``period`` (None: every day), as text."""
+
+    kind: ClassVar[str] = "count"
+    package: str
+    period: Period | None
+
+    @property
+    def days(self) -> list[str] | None:
+        return None if self.period is None else self.period.days()
+
+    def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
+        start, end = ("0001-01-01", "9999-12-31") if self.period is None else self.period.span()
+        return str(sql.package_sum(store.db, self.package, start, end)).encode()
