@@ -172,6 +172,24 @@ def test_a_password_in_the_cluster_string_is_refused_and_never_shown(
         assert "passfile" in err and "secret-1" not in err
 
 
+@pytest.mark.parametrize(
+    ("dsn", "said"),
+    [
+        ("garbage==", "libpq does not know: 'garbage'"),
+        ("host=a 'dbname=x", "libpq can parse"),
+        ("postgresql://[::1:secret-1/db", "libpq can parse"),
+    ],
+)
+def test_a_cluster_string_libpq_cannot_parse_stops_at_start_up_without_echoing_it(
+    dsn: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, environ in ((["--cluster", dsn], {}), ([], {"TINY_CLUSTER": dsn})):
+        with pytest.raises(SystemExit):
+            config.parse(argv, environ)
+        err = capsys.readouterr().err
+        assert said in err and "secret-1" not in err and "Traceback" not in err
+
+
 def test_help_never_prints_the_cluster_string() -> None:
     text = config.build_parser({"TINY_CLUSTER": "host=db.internal dbname=tiny"}).format_help()
     assert "db.internal" not in text and "set, not shown" in text

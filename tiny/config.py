@@ -203,7 +203,27 @@ def _dsn(text: str) -> str:
             "must not hold a password (it would show in ps, the environment and logs): put it in a passfile "
             "named by passfile=PATH in the string, or by PGPASSFILE"
         )
+    if text.strip():
+        _libpq_parses(text.strip())
     return text.strip()
+
+
+def _libpq_parses(dsn: str) -> None:
+    """Refuse a string libpq cannot parse, at start-up rather than at the first connect (where
+    it would end the server with a traceback echoing the string). Only an unknown option's
+    name is shown back: libpq's other messages quote the string itself."""
+    from psycopg import Error  # here: only cluster mode pays for importing psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except Error as exc:
+        unknown = re.match(r'invalid connection option "([a-z_]{1,40})"', str(exc))
+        if unknown:
+            raise argparse.ArgumentTypeError(f"names an option libpq does not know: {unknown.group(1)!r}") from None
+        raise argparse.ArgumentTypeError(
+            "must be a libpq connection string libpq can parse (key=value pairs, or a postgresql:// URI)"
+        ) from None
 
 
 def _host_name(text: str) -> str:
