@@ -7,6 +7,7 @@ import math
 import os
 import re
 import socket
+import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -468,6 +469,34 @@ def _check_cluster(parser: argparse.ArgumentParser, values: dict[str, object]) -
             "argument --new-journal: in cluster mode a data dir is rebuilt from the log or from a peer's copy "
             "(docs/scaling-out.md), never with a fresh journal over its files"
         )
+    problem = _passfile_problem(str(values["cluster"]), os.environ)
+    if problem:
+        parser.error(f"argument --cluster: {problem}")
+
+
+def _passfile_problem(dsn: str, environ: Mapping[str, str]) -> str:
+    """Why libpq would not read the password file ``dsn`` names (``passfile=``, else
+    PGPASSFILE in the process's environment, which libpq reads), or "". libpq skips a file it
+    cannot open, and one with any group or world permission, with no more than "no password
+    supplied" at every connect: the server would start and answer 503 until it is stopped."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    named = str(conninfo_to_dict(dsn).get("passfile") or "")
+    where = "passfile=" if named else "PGPASSFILE"
+    path = named or environ.get("PGPASSFILE", "")
+    if not path:
+        return ""
+    try:
+        mode = os.stat(path).st_mode
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        return f"the password file ({where}) cannot be read: {exc.strerror}: {path}"
+    if not stat.S_ISREG(mode):
+        return f"the password file ({where}) is not a regular file: {path}"
+    if mode & 0o077:
+        return f"libpq ignores a password file with group or world permissions ({where}): chmod 600 {path}"
+    return ""
 
 
 def _token(parser: argparse.ArgumentParser, args: argparse.Namespace, on_command_line: bool) -> tuple[str | None, str]:
