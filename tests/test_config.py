@@ -402,3 +402,26 @@ def test_the_other_commands_seconds_refuse_nan_and_nonsense(value: str, capsys: 
             command(argv)
         assert exited.value.code == 2, argv
         assert "must be a number of seconds" in capsys.readouterr().err, argv
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--cluster", "garbage==", "--host-name", "h3"], "libpq does not know: 'garbage'"),
+        (["--cluster", "host=a password=secret-1", "--host-name", "h3"], "passfile"),
+        (["--cluster", "", "--host-name", "h3"], "must name the cluster"),
+        (["--cluster", "host=a", "--host-name", "a/b"], "--host-name: must be 1-63"),
+        (["--cluster", "host=a", "--host-name", ""], "--host-name: must name the host"),
+    ],
+)
+def test_admin_backup_checks_cluster_and_host_name_as_the_server_does(
+    tmp_path: Path, flags: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A string the server would refuse ended tiny-admin backup with psycopg's traceback."""
+    from tiny import admin
+
+    with pytest.raises(SystemExit) as exited:
+        admin.main(["backup", str(tmp_path / "data"), str(tmp_path / "dest"), *flags])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and said in err and "secret-1" not in err and "Traceback" not in err
+    assert not (tmp_path / "dest").exists()

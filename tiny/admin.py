@@ -67,7 +67,7 @@ from tiny.aggregates import Aggregates, Unavailable, aggregates_path
 from tiny.commit import CommitError, Refused
 from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
-from tiny.config import seconds
+from tiny.config import cluster_string, host_name, seconds
 from tiny.files import size_of
 from tiny.keys import MODES, stored_mode
 from tiny.refusals import Found
@@ -307,9 +307,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     copy.add_argument("dest", type=Path, help="a new directory")
     copy.add_argument("--lock-timeout", type=seconds, default=30.0, help="seconds to wait for the flush lock (30)")
     copy.add_argument(
-        "--cluster", help="cluster mode: the cluster's DSN, to register --host-name at the copy's position"
+        "--cluster",
+        type=cluster_string,
+        help="cluster mode: the cluster's DSN, to register --host-name at the copy's position",
     )
-    copy.add_argument("--host-name", help="cluster mode: the follower name of the host that will start on the copy")
+    copy.add_argument(
+        "--host-name", type=host_name, help="cluster mode: the follower name of the host that will start on the copy"
+    )
     change = commands.add_parser("set-journal-mode", help="change the journal mode (stop every server first)")
     change.add_argument("data_dir", type=Path)
     change.add_argument("mode", choices=MODES)

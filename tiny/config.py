@@ -236,6 +236,21 @@ def _host_name(text: str) -> str:
     return text
 
 
+def cluster_string(text: str) -> str:
+    """The check of ``--cluster`` for the other commands (tiny-admin backup): a libpq string
+    libpq parses, without a password, not empty."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name the cluster (a libpq connection string)")
+    return _dsn(text)
+
+
+def host_name(text: str) -> str:
+    """The check of ``--host-name`` for the other commands (tiny-admin backup): not empty."""
+    if not text:
+        raise argparse.ArgumentTypeError("must name the host")
+    return _host_name(text)
+
+
 def _boolean(text: str | bool) -> bool:
     if isinstance(text, bool):
         return text
