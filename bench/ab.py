@@ -4,6 +4,7 @@ side by side, in interleaved rounds.
 Usage:
     python bench/ab.py OLD [--body 1] [--keys] [--rounds 8] [--seconds 3] [--concurrency 8]
     python bench/ab.py 9a57242 --body 100 --keys      # this tree against commit 9a57242
+    python bench/ab.py main --body 1 --key-cost       # what a fresh key costs, in each tree
 
 OLD is a commit (checked out into a temporary git worktree, removed afterwards) or the directory
 of another tree. Its compiled codec is this tree's when the two trees' codec sources are the same,
@@ -17,6 +18,11 @@ else built there (maturin, into that tree only). Then:
    bench/post_load.py with a fresh Idempotency-Key per request; the servers' CPU from /proc
    before and after; the day files removed after it, the journal kept);
 3. prints each round's new/old ratios of CPU per request and of requests/s, and their medians.
+
+With ``--key-cost`` each round measures four points instead, each tree without a key and with a
+fresh key per request (bench/post_load.py for both, so the load is the same but for the
+header; the four in a rotating order), and prints each tree's keyed/unkeyed ratio of CPU per
+request per round and its median: what a key costs in the old tree and in this one, side by side.
 
 These machines are noisy (two shared cores; a point's CPU per request moves 15-20% between rounds
 on its own): a median of ratios over 6-10 rounds resolves about 5%. A server compared with itself
@@ -58,6 +64,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=8, help="rounds, each old then new or new then old (default 8)")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds of load per server per round (default 3)")
     parser.add_argument("--concurrency", type=int, default=8, help="connections (default 8)")
+    parser.add_argument(
+        "--key-cost", action="store_true", help="keyed / unkeyed CPU per request in each tree (4 points a round)"
+    )
     return parser.parse_args(argv)
 
 
@@ -103,11 +112,13 @@ def with_codec(tree: Path) -> None:
 
 
 def one_round(
-    runner: Runner, server: LocalServer, body: Body, args: argparse.Namespace, number: int
+    runner: Runner, server: LocalServer, body: Body, args: argparse.Namespace, number: int, keys: bool | None = None
 ) -> tuple[float, float]:
-    """Load ``server`` once, as bench/run.py measures a point: (its CPU-seconds per request, requests/s)."""
-    driver = "post" if args.keys else "ab"
-    spec = PointSpec(server.name, body, args.concurrency, True, driver, args.keys, "ab", number)
+    """Load ``server`` once, as bench/run.py measures a point: (its CPU-seconds per request, requests/s).
+    ``keys`` (--key-cost): bench/post_load.py with (True) or without (False) a key per request."""
+    driver = "post" if args.keys or keys is not None else "ab"
+    keyed = bool(args.keys or keys)
+    spec = PointSpec(server.name, body, args.concurrency, True, driver, keyed, "ab", number)
     point = runner.point(spec, server)
     answered = point["complete"] - point["failed"] - point["non2xx"]
     if "error" in point or answered <= 0 or point["failed"] or point["non2xx"]:
@@ -130,11 +141,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 data = work / f"{name}-data"
                 data.mkdir()
                 server = LocalServer(name, str(script), 1, data, logs=work / "logs")
+                server.tree = tree if name == "old" else None
                 stack.callback(server.stop)
                 servers[name] = server.start()
             runner = Runner(args.seconds, 50, 10_000_000, work / "raw")
             for name, server in servers.items():
                 runner.warm_up(name, server, body)
+            if args.key_cost:
+                return key_cost(runner, servers, body, args)
             cpu: dict[str, list[float]] = {"old": [], "new": []}
             rps: dict[str, list[float]] = {"old": [], "new": []}
             for number in range(args.rounds):
@@ -153,6 +167,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"new ({ROOT}) / old ({args.old}), {what}, {args.rounds} rounds of {args.seconds:g} s:")
     print(f"  CPU per request: {', '.join(f'{r:.3f}' for r in cpu_ratios)}; median {statistics.median(cpu_ratios):.3f}")
     print(f"  requests/s:      {', '.join(f'{r:.3f}' for r in rps_ratios)}; median {statistics.median(rps_ratios):.3f}")
+    return 0
+
+
+def key_cost(runner: Runner, servers: dict[str, LocalServer], body: Body, args: argparse.Namespace) -> int:
+    """--key-cost: each round, each tree without and with a key, in a rotating order."""
+    arms = [("old", False), ("old", True), ("new", False), ("new", True)]
+    cpu: dict[tuple[str, bool], list[float]] = {arm: [] for arm in arms}
+    for number in range(args.rounds):
+        shift = number % len(arms)
+        for name, keyed in arms[shift:] + arms[:shift]:
+            cpu[name, keyed].append(one_round(runner, servers[name], body, args, number + 1, keys=keyed)[0])
+        print(
+            f"round {number + 1}: CPU per request (us) "
+            + ", ".join(
+                f"{name} {'key' if keyed else 'no key'} {cpu[name, keyed][-1] * 1e6:.0f}" for name, keyed in arms
+            ),
+            flush=True,
+        )
+    print(
+        f"keyed / unkeyed CPU per request, body {body.name}, c={args.concurrency} -k, "
+        f"{args.rounds} rounds of {args.seconds:g} s:"
+    )
+    for name, where in (("old", args.old), ("new", ROOT)):
+        ratios = [k / u for k, u in zip(cpu[name, True], cpu[name, False], strict=True)]
+        print(f"  {name} ({where}): {', '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f}")
+    for keyed in (False, True):
+        ratios = [n / o for n, o in zip(cpu["new", keyed], cpu["old", keyed], strict=True)]
+        print(
+            f"  new / old, {'keyed' if keyed else 'unkeyed'}: {', '.join(f'{r:.3f}' for r in ratios)}; "
+            f"median {statistics.median(ratios):.3f}"
+        )
     return 0
 
 

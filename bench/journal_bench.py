@@ -1,13 +1,14 @@
 """The journal's cost per flush, in-process: the local commit point (tiny.commit.local) alone, no HTTP, no codec.
 
-Each round runs ``--flushes`` flushes of one small append to one day file, without a key and
-then with a fresh key each, on a journal that holds ``--keys`` random keys first, and prints
-the process CPU per flush of each step, taken one by one with the journal's pieces (taking the
-lock with its checks of the files' identity and its holder record, recovery's check, the
-claim, the intent with the check of the file's committed size, the check before the commit
-point, the commit, marking the intent committed with the record of the file's committed size)
-in microseconds; then the same flushes whole, as the sink asks for them
-(``LocalCommit.commit``: the steps, the file's opening and write, and the decisions). The data
+Each round runs ``--flushes`` flushes of one small append to one day file without a key, on
+a journal that holds ``--keys`` random keys first, and prints the process CPU per flush of
+each step, taken one by one with the journal's pieces (taking the lock with its checks of the
+files' identity and its holder record, recovery's check, the intent with the check of the
+file's committed size, the check before the commit point, marking the intent committed with
+the record of the file's committed size) in microseconds; then the same flushes whole, without
+a key and with a fresh key each, as the sink asks for them (``LocalCommit.commit``: the steps,
+the file's opening and write, the key log's records read, decided, written and taken into
+memory, and the decisions). The data
 dir is a temp dir under ``--dir`` (default: the system's), removed afterwards.
 
 Usage:
@@ -17,7 +18,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import tempfile
@@ -35,7 +35,7 @@ from tiny.commit.local import LocalCommit
 from tiny.flushlock import Holding
 from tiny.intent import FileSpan
 
-STEPS = ("lock", "recover", "claim", "intend", "confirm", "commit", "finish")
+STEPS = ("lock", "recover", "intend", "confirm", "finish")
 
 
 @dataclass
@@ -50,14 +50,13 @@ def _claims(keyed: bool, per_flush: int) -> list[Claim]:
     return [Claim(key, b"d" * 16, b"a" * 120) for key in new]
 
 
-def steps(journal: LocalCommit, day: Path, count: int, keyed: bool, per_flush: int = 1) -> dict[str, float]:
-    """CPU µs per flush of each step, over ``count`` flushes."""
+def steps(journal: LocalCommit, day: Path, count: int) -> dict[str, float]:
+    """CPU µs per flush of each step of a flush without a key, over ``count`` flushes."""
     spent = dict.fromkeys(STEPS, 0.0)
     clock = time.process_time
     fd = os.open(day, os.O_RDWR | os.O_APPEND)
     try:
         for _ in range(count):
-            keys = _claims(keyed, per_flush)
             held: list[Holding] = []
             flush = journal.appender.flush()
 
@@ -65,20 +64,18 @@ def steps(journal: LocalCommit, day: Path, count: int, keyed: bool, per_flush: i
                 held.append(journal.lock.holding())
                 journal.keys.check_file()
 
-            def intend(first: str | None = keys[0].key if keys else None, flush: FileFlush = flush) -> None:
+            def intend(flush: FileFlush = flush) -> None:
                 size = os.fstat(fd).st_size  # the size the flush fstat's; the committed size checked
                 flush.opened.append((fd, FileSpan(day.name, size, size + 2, False)))
-                journal.intent.write([flush.opened[0][1]], first, journal.keys.last)
+                journal.intent.write([flush.opened[0][1]])
                 flush.intended = True
 
             order: tuple[tuple[str, Callable[[], object]], ...] = (
                 ("lock", lock),
                 ("recover", lambda: journal.intent.recover(journal.keys.is_stored)),
-                ("claim", functools.partial(journal.keys.claim, keys)),
                 ("intend", intend),
                 ("write", lambda: os.write(fd, b"x\n")),  # the data: not the journal's
                 ("confirm", flush.confirm),  # the lock, the intent and the file still the flush's
-                ("commit", journal.keys.commit),
                 ("finish", journal.intent.mark_committed),  # with the record of the file's committed size
             )
             for step, run in order:
@@ -116,17 +113,18 @@ def main() -> int:
         data = Path(tmp)
         journal = LocalCommit(data)
         journal.open()
-        with journal.locked():
-            journal.keys.claim([Claim(f"warm-{uuid.uuid4().hex}", b"d" * 16, b"a" * 120) for _ in range(args.keys)])
-            journal.keys.commit()
+        journal.keys_read(60)
+        for start in range(0, args.keys, 256):
+            warm = [
+                Claim(f"warm-{uuid.uuid4().hex}", b"d" * 16, b"a" * 120) for _ in range(min(256, args.keys - start))
+            ]
+            journal.commit([_Append({}, claim) for claim in warm], time.monotonic() + 5)
         day = data / "2014-05-04.csv"
         day.write_bytes(b"h\n")
         for _ in range(args.rounds):
-            for keyed in (False, True):
-                spent = steps(journal, day, args.flushes, keyed, args.keys_per_flush)
-                detail = ", ".join(f"{step} {us:.1f}" for step, us in spent.items())
-                name = "with a key" if keyed else "no key"
-                print(f"{name:10}  {sum(spent.values()):6.1f} µs/flush  ({detail})")
+            spent = steps(journal, day, args.flushes)
+            detail = ", ".join(f"{step} {us:.1f}" for step, us in spent.items())
+            print(f"{'no key':10}  {sum(spent.values()):6.1f} µs/flush  ({detail})")
             for keyed in (False, True):
                 name = "with a key" if keyed else "no key"
                 print(f"{name:10}  {whole(journal, day, args.flushes, keyed, args.keys_per_flush):6.1f} µs/flush whole")

@@ -22,8 +22,11 @@ class Append:
 
 
 def opened(data: Path, accept_new: bool = False, **kwargs: object) -> LocalCommit:
+    """A journal of ``data``, opened, its keys read (a flush waits for them itself; a test
+    that calls the key store directly must not race their reading)."""
     journal = LocalCommit(data, **kwargs)  # type: ignore[arg-type]
     journal.open(accept_new=accept_new)
+    assert journal.keys_read(30)
     return journal
 
 
@@ -31,10 +34,9 @@ def claims(*keys: str, digest: bytes = b"d", answer: bytes = b"a") -> list[Claim
     return [Claim(key, digest, answer) for key in keys]
 
 
-def commit_keys(journal: LocalCommit, keys: list[Claim]) -> None:
-    """A flush of ``keys`` that writes no data (lock held)."""
-    journal.keys.claim(keys)
-    journal.keys.commit()
+def commit_keys(journal: LocalCommit, keys: list[Claim]) -> Receipt:
+    """A flush of ``keys`` that writes no data: only their records to the key log."""
+    return journal.commit([Append({}, claim) for claim in keys], time.monotonic() + 5)
 
 
 def flush(journal: LocalCommit, name: str, rows: bytes, *keys: str) -> Receipt:

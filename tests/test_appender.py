@@ -60,7 +60,7 @@ def test_a_flush_does_not_reach_its_commit_point_once_its_lock_or_files_changed(
     path.write_bytes(b"h\n")
     journal = opened(tmp_path)
     with journal.locked():
-        journal.keys.claim(claims("k"))
+        journal.keys.decide(claims("k"))
         flush = journal.appender.flush()
         try:
             flush.write({"d.csv": [b"1\n"]}, first_key="k")

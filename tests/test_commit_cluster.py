@@ -122,6 +122,20 @@ def test_a_data_dir_holding_bytes_no_log_has_is_not_bound(
         commit_point(data)
 
 
+def test_a_data_dir_holding_keys_of_its_own_is_not_bound(
+    commit_point: Callable[..., ClusterCommit], tmp_path: Path
+) -> None:
+    """Its keys are in its key log, which the opening only notes (they are read later, on a
+    thread): the check looks at the log's segments themselves."""
+    data = tmp_path / "keyed"
+    alone = LocalCommit(data, cluster=False)
+    alone.open()
+    alone.commit([Append({}, Claim("k", b"d", b"a"))], time.monotonic() + 5)
+    alone.close()
+    with pytest.raises(Refused, match="Idempotency-Keys in its own journal"):
+        commit_point(data)
+
+
 def test_new_journal_is_refused_and_a_refused_data_dir_says_how_to_rebuild_it(
     commit_point: Callable[..., ClusterCommit], tmp_path: Path, dsn: str
 ) -> None:

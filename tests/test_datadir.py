@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.journal_support import claims, flush, opened, refusal
+from tests.journal_support import flush, opened, refusal
 from tiny import layout
 from tiny.commit import Refused
 from tiny.commit.local import LocalCommit
 from tiny.intent import FileSpan
+from tiny.keylog import segment_name
 
 
 def test_the_identity_files_are_written_with_one_id(tmp_path: Path) -> None:
@@ -59,21 +60,29 @@ def test_a_journal_from_another_data_dir_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.hardening("exactly once 10: a deleted journal was silently replaced by an empty one")
-def test_a_journal_that_lost_its_wal_is_refused(tmp_path: Path) -> None:
-    """Its newest keys were only in the -wal: the intent still names the last one committed."""
+def test_a_key_log_that_lost_commits_is_refused(tmp_path: Path) -> None:
+    """Its newest keys were lost (an older copy of it restored): its committed size names them."""
     data = tmp_path / "data"
     journal = opened(data)
     flush(journal, "d.csv", b"1\n", "k1")
-    snapshot = layout.journal_path(data).read_bytes()  # the database file without its -wal
+    segment = data / segment_name(1)
+    snapshot = segment.read_bytes()
     flush(journal, "d.csv", b"2\n", "k2")
-    flush(journal, "d.csv", b"3\n")  # a flush without keys: its intent still names k2
-    journal.keys.db.close()  # a clean close would checkpoint: stand for a kill -9 instead
-    journal.keys._db = None
+    flush(journal, "d.csv", b"3\n")  # a flush without keys
     journal.close()
-    layout.journal_path(data).write_bytes(snapshot)
-    for suffix in ("-wal", "-shm"):
-        layout.journal_path(data).with_name("journal.sqlite3" + suffix).unlink(missing_ok=True)
-    assert "lacks the key 'k2'" in refusal(data)
+    segment.write_bytes(snapshot)
+    message = refusal(data)
+    assert f"{segment} is {len(snapshot)} bytes" in message and "shorter than the" in message
+
+
+@pytest.mark.hardening("exactly once 10: a deleted journal was silently replaced by an empty one")
+def test_a_key_log_deleted_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    journal = opened(data)
+    flush(journal, "d.csv", b"1\n", "k1")
+    journal.close()
+    (data / segment_name(1)).unlink()
+    assert f"{data / segment_name(1)} is 0 bytes, shorter than the" in refusal(data)
 
 
 def test_files_shorter_than_the_last_committed_flush_left_them_are_refused(tmp_path: Path) -> None:
@@ -93,13 +102,11 @@ def test_a_data_dir_copied_while_a_flush_ran_is_refused(tmp_path: Path) -> None:
     journal = opened(data)
     flush(journal, "d.csv", b"h\n1\n", "k1")
     with journal.locked():
-        journal.keys.claim(claims("k2"))
-        journal.intent.write([FileSpan("d.csv", 4, 6, False)], "k2")  # copied now, mid-flush
+        journal.intent.write([FileSpan("d.csv", 4, 6, False)])  # copied now, mid-flush
         copy = tmp_path / "copy"
         shutil.copytree(data, copy)
         with open(data / "d.csv", "ab") as out:
             out.write(b"2\n")
-        journal.keys.commit()
         journal.intent.mark_committed()
     flush(journal, "d.csv", b"3\n4\n", "k3")
     shutil.copy(data / "d.csv", copy / "d.csv")  # the day file, copied last

@@ -85,8 +85,8 @@ def test_a_flush_under_way_keeps_a_writer_of_a_replaced_lock_file_from_recoverin
     (tmp_path / "d.csv").write_bytes(b"h\n")
     journal = opened(tmp_path)
     with journal.locked():
-        journal.keys.claim(claims("k"))
-        journal.intent.write([FileSpan("d.csv", 2, 4, False)], "k")
+        journal.keys.decide(claims("k"))
+        journal.intent.write([FileSpan("d.csv", 2, 4, False)])
         with open(tmp_path / "d.csv", "ab") as out:
             out.write(b"1\n")
         replace_lock_file(tmp_path)

@@ -1,115 +1,353 @@
-"""The idempotency keys (tiny.keys): claims, the window, the count kept, bounded expiry."""
+"""The idempotency keys (tiny.keys, tiny.keylog): the key log, its keys in memory, the window, the bound, expiry."""
 
 from __future__ import annotations
 
+import os
+import random
+import sqlite3
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.journal_support import claims, commit_keys, opened
+from tests.journal_support import Append, claims, commit_keys, flush, opened
 from tiny import layout
-from tiny.commit import Claim
+from tiny.commit import Claim, Refused, Stored, Unavailable
+from tiny.commit.local import LocalCommit
+from tiny.files import size_of
 from tiny.intent import FileSpan
-from tiny.keys import WAL_LIMIT
+from tiny.keylog import FIRST, KeyTable, encode, records, segment_name
 
 
-def test_a_key_met_past_the_window_is_gone_before_the_flush_that_rewrites_it(tmp_path: Path) -> None:
-    """The retry of an expired key writes again; if that flush dies before its commit, the old
-    row of the key must not make recovery take the flush for committed."""
+def _replayed(journal: object, *keys: str) -> list[bool]:
+    """Whether each key would be answered from the journal now (a flush that writes nothing)."""
+    receipt = commit_keys(journal, claims(*keys, digest=b"probe"))  # type: ignore[arg-type]
+    return [decision is not None for decision in receipt.decisions]
+
+
+def _die_after_writes(journal: object, appends: list[Append]) -> None:
+    """A flush killed after writing its intent, rows and key records, before its mark."""
+    j = journal  # LocalCommit
+    with j.locked():  # type: ignore[attr-defined]
+        j.intent.recover(j.keys.is_stored)  # type: ignore[attr-defined]
+        _, records_ = j.keys.decide([a.claim for a in appends])  # type: ignore[attr-defined]
+        files = {name: [data] for a in appends for name, data in a.chunks.items()}
+        if records_ is not None:
+            files[records_[0]] = [records_[1]]
+        flush_ = j.appender.flush()  # type: ignore[attr-defined]
+        flush_.write(files)
+        flush_.close()
+    j.close()  # type: ignore[attr-defined]
+
+
+def test_a_flush_that_dies_before_its_mark_leaves_no_key_behind(tmp_path: Path) -> None:
+    """Its key records are cut back with its rows: the retry is written, not replayed."""
+    (tmp_path / "d.csv").write_bytes(b"h\n")
+    journal = opened(tmp_path)
+    commit_keys(journal, claims("before"))
+    logged = size_of(tmp_path / segment_name(1))
+    _die_after_writes(journal, [Append({"d.csv": b"1\n"}, Claim("k", b"d", b"a"))])
+    assert size_of(tmp_path / segment_name(1)) > logged
+    journal = opened(tmp_path)  # its recovery at open cuts the rows and the records back
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n" and size_of(tmp_path / segment_name(1)) == logged
+    assert _replayed(journal, "k", "before") == [False, True]
+
+
+def test_a_key_met_past_the_window_is_new_and_its_rewrite_dying_keeps_nothing(tmp_path: Path) -> None:
+    """The retry of an expired key writes again; if that flush dies before its mark, the key's
+    old record must not make the retry after it look stored."""
     (tmp_path / "d.csv").write_bytes(b"h\n")
     journal = opened(tmp_path, window=0.05)
-    with journal.locked():
-        commit_keys(journal, claims("k"))
+    flush(journal, "d.csv", b"1\n", "k")
     time.sleep(0.1)
-    with journal.locked():
-        assert journal.keys.claim(claims("k", digest=b"d2")) == {}  # past the window: new
-        journal.intent.write([FileSpan("d.csv", 2, 4, False)], "k")
-        (tmp_path / "d.csv").write_bytes(b"h\n1\n")
-    journal.close()  # killed before the commit: SQLite drops the open transaction
-    journal = opened(tmp_path, window=0.05)  # its recovery at open cuts the file back
-    assert (tmp_path / "d.csv").read_bytes() == b"h\n"
+    _die_after_writes(journal, [Append({"d.csv": b"1\n"}, Claim("k", b"d2", b"a2"))])
+    journal = opened(tmp_path, window=0.05)
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"
+    assert flush(journal, "d.csv", b"1\n", "k").decisions == [None]  # written again, as documented
 
 
 def test_past_max_keys_the_oldest_go_but_never_those_of_the_flush_committing(tmp_path: Path) -> None:
     journal = opened(tmp_path, max_keys=3)
-    with journal.locked():
-        for n in range(4):
-            commit_keys(journal, claims(f"old{n}"))
-        commit_keys(journal, claims(*(f"new{n}" for n in range(5))))  # more than max_keys at once
-    kept = [key for (key,) in journal.keys.db.execute("SELECT key FROM idempotency_keys")]
-    assert sorted(kept) == [f"new{n}" for n in range(5)]
+    for n in range(4):
+        commit_keys(journal, claims(f"old{n}"))
+    commit_keys(journal, claims(*(f"new{n}" for n in range(5))))  # more than max_keys at once
     assert journal.key_count == 5
+    assert _replayed(journal, "new0", "new4") == [True, True]
+    assert _replayed(journal, "old3") == [False]
 
 
 def test_the_count_of_keys_follows_commits_and_expiry(tmp_path: Path) -> None:
     journal = opened(tmp_path, window=0.05)
-    with journal.locked():
-        commit_keys(journal, claims("a", "b"))
-        commit_keys(journal, claims("c"))
-        assert journal.key_count == 3
-        time.sleep(0.1)
-        commit_keys(journal, claims("d"))  # expires a, b and c on the way
-        assert journal.key_count == 1
-
-
-def test_the_count_of_keys_holds_when_another_process_emptied_the_table(tmp_path: Path) -> None:
-    """Once every key is gone, SQLite numbers the next one 1 again, below the oldest seq the
-    first process remembers."""
-    first, second = opened(tmp_path, max_keys=3), opened(tmp_path)
-    with first.locked():
-        commit_keys(first, claims(*(f"k{n}" for n in range(10))))
-        commit_keys(first, claims("k10"))  # past max_keys: it keeps seq 9-11
-        assert first.key_count == 3
-    with second.locked():
-        second.keys.db.execute("DELETE FROM idempotency_keys")  # all of them expired, say
-    with first.locked():
-        commit_keys(first, claims("again"))
-    assert first.key_count == 1
+    commit_keys(journal, claims("a", "b"))
+    commit_keys(journal, claims("c"))
+    assert journal.key_count == 3
+    time.sleep(0.1)
+    commit_keys(journal, claims("d"))  # expires a, b and c on the way
+    assert journal.key_count == 1 and journal.keys.expired == 3
 
 
 def test_a_key_stored_within_the_window_is_answered_from_what_it_stored(tmp_path: Path) -> None:
     journal = opened(tmp_path)
+    commit_keys(journal, claims("k", digest=b"first", answer=b"its answer"))
     with journal.locked():
-        commit_keys(journal, claims("k", digest=b"first", answer=b"its answer"))
-        decisions, first_key = journal.keys.decide([Claim("k", b"second", b"x"), None, Claim("n", b"d", b"a")])
+        decisions, written = journal.keys.decide([Claim("k", b"second", b"x"), None, Claim("n", b"d", b"a")])
         journal.keys.rollback()
-    assert [d.answer if d else None for d in decisions] == [b"its answer", None, None] and first_key == "n"
+    assert decisions == [Stored(b"first", b"its answer"), None, None]
+    assert written is not None and written[0] == segment_name(1)
+    assert [record.key for _, record in records(written[1])] == [b"n"]
 
 
-@pytest.mark.hardening("exactly once 11: expiring 198k keys stalled one flush 445 ms and grew the -wal to 44 MB")
+def test_each_process_reads_the_keys_the_others_appended_before_it_decides(tmp_path: Path) -> None:
+    """Two journals of one data dir (two processes, or servers): what one commits, the other's
+    next flush finds, from the log's tail, under the flush lock; and the other way round."""
+    first, second = opened(tmp_path), opened(tmp_path)
+    commit_keys(first, claims("a", digest=b"da", answer=b"aa"))
+    assert commit_keys(second, claims("a")).decisions == [Stored(b"da", b"aa")]
+    commit_keys(second, claims("b", digest=b"db", answer=b"ab"))
+    assert commit_keys(first, claims("b", "c")).decisions == [Stored(b"db", b"ab"), None]
+    assert first.key_count == second.key_count + 1 == 3
+
+
+def test_a_restart_reads_every_key_back_from_the_log(tmp_path: Path) -> None:
+    journal = opened(tmp_path)
+    keys = [f"key-{n}" for n in range(3000)]
+    for start in range(0, len(keys), 250):
+        commit_keys(journal, claims(*keys[start : start + 250], answer=b"answer"))
+    journal.close()
+    again = opened(tmp_path)
+    assert again.keys_read(10) and again.keys.table.size == 3000
+    assert all(_replayed(again, *keys[::97]))
+    assert again.keys.last is not None and again.keys.last[:2] == ("key-2999", 3000)
+
+
+def test_a_torn_record_at_the_end_of_the_log_is_never_read_and_is_cut_before_the_next_append(
+    tmp_path: Path,
+) -> None:
+    """A power loss inside an append leaves part of a record: reading stops before it (its
+    length runs past the end, or its CRC fails), and the next flush cuts it off first."""
+    journal = opened(tmp_path)
+    commit_keys(journal, claims("whole"))
+    journal.close()
+    segment = tmp_path / segment_name(1)
+    for number, how in enumerate(("cut short", "its bytes lost")):
+        whole, key = segment.read_bytes(), f"torn{number}"
+        torn = encode(number + 2, time.time(), FIRST, key.encode(), b"d", b"a")
+        segment.write_bytes(whole + (torn[:-3] if how == "cut short" else torn[:8] + b"\0" * (len(torn) - 8)))
+        again = opened(tmp_path)
+        assert again.keys_read(10) and again.keys.table.size == number + 1 and again.keys.newest == number + 1
+        assert _replayed(again, key, "whole") == [False, True]
+        data = segment.read_bytes()
+        parsed = list(records(data))
+        assert data.startswith(whole) and parsed[-1][1].key == key.encode()
+        assert len(data) == parsed[-1][0] + len(encode(*parsed[-1][1]))  # nothing torn left: read to the end
+        again.close()
+
+
+def test_expiry_deletes_the_segments_it_walks_past_and_their_committed_sizes(tmp_path: Path) -> None:
+    """Small segments: keys past the window go, oldest first, a segment at a time; the
+    data dir then opens (its committed sizes no longer expect the deleted segments)."""
+    journal = opened(tmp_path, window=0.2, segment_bytes=1000)
+    for n in range(40):
+        commit_keys(journal, claims(f"k{n}", answer=b"x" * 100))
+    made = sorted(layout.state_dir(tmp_path).joinpath("keys").iterdir())
+    assert len(made) >= 4
+    time.sleep(0.3)
+    for n in range(40):
+        commit_keys(journal, claims(f"fresh{n}", answer=b"x" * 100))
+    left = sorted(layout.state_dir(tmp_path).joinpath("keys").iterdir())
+    assert made[0] not in left and left[-1] not in made
+    assert journal.key_count == 40
+    journal.close()
+    again = opened(tmp_path, window=0.2, segment_bytes=1000)
+    assert _replayed(again, "fresh0", "k39") == [True, False]
+
+
 def test_a_flush_expires_at_most_twice_its_keys_plus_eight_of_a_backlog(tmp_path: Path) -> None:
     """5,000 keys past the window (a data dir idle for a day): no flush pays for all of them
-    (198k deleted in one flush took 445 ms, and grew the -wal to 44 MB)."""
+    (198k deleted in one flush took 445 ms)."""
     journal = opened(tmp_path, window=3600)
+    journal.close()
     stale = time.time() - 7200
-    with journal.locked():
-        journal.keys.db.executemany(
-            "INSERT INTO idempotency_keys (key, digest, answer, stored) VALUES (?, 'd', 'a', ?)",
-            [(f"stale{n}", stale) for n in range(5000)],
-        )
-    left = [5000]
-    with journal.locked():
-        for n in range(600):
-            before = journal.keys.expired
-            commit_keys(journal, claims(f"fresh{n}"))
-            assert journal.keys.expired - before <= 2 * 1 + 8
-            left.append(
-                journal.keys.db.execute(
-                    "SELECT count(*) FROM idempotency_keys WHERE stored < ?", (stale + 1,)
-                ).fetchone()[0]
-            )
-    assert left[-1] == 0 and left[1] == 5000 - 10  # it kept up, then caught up
+    segment = tmp_path / segment_name(1)
+    segment.parent.mkdir(parents=True, exist_ok=True)
+    segment.write_bytes(b"".join(encode(n, stale, FIRST, f"stale{n}".encode(), b"d", b"a") for n in range(1, 5001)))
+    journal = opened(tmp_path, window=3600)
+    expired = [0]
+    for n in range(600):
+        commit_keys(journal, claims(f"fresh{n}"))
+        assert journal.keys.expired - expired[-1] <= 2 * 1 + 8
+        expired.append(journal.keys.expired)
+    assert expired[1] == 10 and expired[-1] == 5000  # it kept up, then caught up
     assert journal.key_count == 600
 
 
-@pytest.mark.hardening("exactly once 11: expiring 198k keys stalled one flush 445 ms and grew the -wal to 44 MB")
-def test_the_wal_is_cut_back_to_its_limit_after_a_checkpoint(tmp_path: Path) -> None:
+def test_the_keys_of_a_journal_of_the_previous_format_are_copied_into_the_log(tmp_path: Path) -> None:
+    journal = opened(tmp_path)
+    journal.close()
+    db = sqlite3.connect(layout.journal_path(tmp_path))
+    db.execute("CREATE TABLE idempotency_keys (seq INTEGER PRIMARY KEY, key TEXT UNIQUE, digest, answer, stored)")
+    db.execute("INSERT INTO idempotency_keys VALUES (1, 'old', x'6464', x'6161', ?)", (time.time(),))
+    db.commit()
+    db.close()
+    again = opened(tmp_path)
+    assert commit_keys(again, claims("old", "new")).decisions == [Stored(b"dd", b"aa"), None]
+    db = sqlite3.connect(layout.journal_path(tmp_path))
+    assert db.execute("SELECT count(*) FROM idempotency_keys").fetchone() == (0,)
+    db.close()
+
+
+def test_the_key_table_finds_updates_and_removes_like_a_dict_under_collisions() -> None:
+    """Hashes crowded into few homes (the low bits equal), random puts and removes; the table
+    grows past its load. Backward-shift removal keeps every other key findable."""
+    rng = random.Random(7)
+    table, model = KeyTable(16), {}
+    always = lambda where: True  # noqa: E731 - each hash is one key here
+    for step in range(20000):
+        h = (rng.randrange(1, 400) << 20) | rng.choice((1, 2, 3))
+        if rng.random() < 0.6:
+            table.put(h, step, always)
+            model[h] = step
+        elif h in model:
+            assert table.remove(h, model.pop(h))
+        if step % 997 == 0:
+            assert all(table.find(k, always) == v for k, v in model.items())
+            assert table.size == len(model)
+    assert all(table.find(k, always) == v for k, v in model.items())
+    assert table.find(5 << 40, always) == -1
+
+
+def test_a_reopened_journal_keeps_the_keys_it_read_when_the_log_is_the_same(tmp_path: Path) -> None:
+    """A journal closed and opened again (after a refusal, at most once a second) reads only
+    what is new, not the whole log again."""
+    journal = opened(tmp_path)
+    commit_keys(journal, claims("a"))
+    table = journal.keys.table
+    journal.close()
+    other = opened(tmp_path)
+    commit_keys(other, claims("b"))
+    journal.open()
+    assert journal.keys_read(10) and journal.keys.table is table and _replayed(journal, "a", "b") == [True, True]
+
+
+def test_a_keyed_flush_waits_for_the_keys_at_most_its_deadline_and_one_without_keys_does_not(tmp_path: Path) -> None:
+    """The keys are read on a thread of their own after the opening (a start on 10 million
+    takes seconds): a keyed flush waits for them until its deadline (then Unavailable, a 503
+    with Retry-After), a flush without keys never waits."""
+    journal = opened(tmp_path)
+    commit_keys(journal, claims("k"))
+    journal.close()
+    reading = opened(tmp_path)
+    assert reading.keys_read(10)
+    loader = threading.Thread(target=time.sleep, args=(0.5,))  # stands for a long reading
+    loader.start()
+    reading._loader = loader
+    reading._loader_started = True
+    with pytest.raises(Unavailable, match="still being read"):
+        reading.commit([Append({}, Claim("k", b"d", b"a"))], time.monotonic() + 0.05)
+    assert reading.commit([Append({"d.csv": b"1\n"})], time.monotonic() + 0.05).decisions == [None]
+    loader.join()
+    assert reading.commit([Append({}, Claim("k", b"d", b"a"))], time.monotonic() + 1).decisions != [None]
+
+
+def test_closing_stops_a_reading_of_the_keys_under_way(tmp_path: Path) -> None:
+    journal = opened(tmp_path)
+    for start in range(0, 2000, 250):
+        commit_keys(journal, claims(*(f"k{n}" for n in range(start, start + 250))))
+    journal.close()
+    again = LocalCommit(tmp_path)
+    again.keys.stop_loading = True  # as close() sets it: the reading stops at its next chunk
+    again.open()
+    again.close()
+    assert again.keys.table.size == 0 and not again.keys.stop_loading
+
+
+def test_a_reopened_journal_whose_key_log_was_replaced_reads_the_new_one_from_its_start(tmp_path: Path) -> None:
+    """Its segment is another file now (another inode): the keys read before are dropped and
+    the log read again, the journal's meta database staying open."""
+    journal = opened(tmp_path)
+    commit_keys(journal, claims("old"))
+    journal.close()
+    segment = tmp_path / segment_name(1)
+    replaced = encode(1, time.time(), FIRST, b"new", b"d", b"a" * 200)
+    segment.unlink()
+    segment.write_bytes(replaced)
+    journal.open()
+    assert journal.keys_read(10) and journal.keys.table.size == 1
+    assert journal.keys.meta("data_dir_id") is not None  # the meta database still open
+    assert _replayed(journal, "new", "old") == [True, False]
+
+
+def test_two_processes_crashing_flushes_and_reopening_over_rotating_segments_agree_with_a_model(
+    tmp_path: Path,
+) -> None:
+    """Random flushes of new keys from two journals of one data dir (two processes), some
+    killed after their writes (before the mark), journals closed and reopened, in segments of
+    600 bytes with at most 40 keys counted: after every step both decide like the model, the
+    newest 40 keys committed count (those of the newest flush always), no key of a killed flush
+    does, and the segments expiry walked past are gone."""
+    rng = random.Random(45)
+    journals = [opened(tmp_path, max_keys=40, segment_bytes=600) for _ in range(2)]
+    committed: list[list[str]] = []  # flushes, in commit order
+    killed: list[str] = []
+    for step in range(160):
+        which = rng.randrange(2)
+        keys = [f"s{step}-k{n}" for n in range(rng.randint(1, 4))]
+        action = rng.random()
+        if action < 0.15:
+            _die_after_writes(journals[which], [Append({}, claim) for claim in claims(*keys)])
+            killed += keys
+            journals[which] = opened(tmp_path, max_keys=40, segment_bytes=600)
+        elif action < 0.22:
+            journals[which].close()
+            journals[which].open()
+            assert journals[which].keys_read(30)
+        else:
+            assert commit_keys(journals[which], claims(*keys)).decisions == [None] * len(keys)
+            committed.append(keys)
+        if step % 10 == 9:
+            order = [key for flush_ in committed for key in flush_]
+            counting = set(order[-40:]) | set(committed[-1])
+            probe = rng.sample(order, min(12, len(order))) + rng.sample(killed, min(4, len(killed)))
+            for journal in journals:
+                with journal.locked():
+                    decisions, _ = journal.keys.decide(claims(*probe))
+                    journal.keys.rollback()
+                assert [d is not None for d in decisions] == [key in counting for key in probe], step
+    segments = sorted(layout.state_dir(tmp_path).joinpath("keys").iterdir())
+    assert segments[0].name != "00000001.log" and len(segments) < 12
+
+
+def test_a_key_log_cut_under_a_running_server_refuses_its_next_keyed_flush(tmp_path: Path) -> None:
+    """Its committed keys are gone: a retry of theirs would be written again. The flush is
+    refused (the sink answers 503 and reopens the journal, whose committed sizes refuse it too)."""
+    journal = opened(tmp_path)
+    commit_keys(journal, claims("a", "b"))
+    segment = tmp_path / segment_name(1)
+    os.truncate(segment, size_of(segment) // 2)
+    with pytest.raises(Refused, match="shorter than the .* this server read from it"):
+        commit_keys(journal, claims("c"))
+    journal.close()
+    assert "shorter than the" in str(pytest.raises(Refused, opened, tmp_path).value)
+
+
+def test_an_upgrade_over_a_flush_of_the_previous_format_killed_after_its_keys_committed_keeps_its_rows(
+    tmp_path: Path,
+) -> None:
+    """The previous format's crash point after-commit: its keys in SQLite, its intent still
+    live. The first opening of this version keeps the rows (the first key is found in the old
+    table), then copies the keys into the log: the retry is answered from it."""
+    (tmp_path / "d.csv").write_bytes(b"h\n")
     journal = opened(tmp_path)
     with journal.locked():
-        for n in range(300):
-            commit_keys(journal, [Claim(f"k{n}-{i}", b"d" * 16, b"a" * 4000) for i in range(10)])
-    journal.keys.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    journal.keys.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-    wal = layout.journal_path(tmp_path).with_name("journal.sqlite3-wal")
-    assert wal.stat().st_size <= WAL_LIMIT
+        journal.intent.write([FileSpan("d.csv", 2, 4, False)], "k1")
+        (tmp_path / "d.csv").write_bytes(b"h\n1\n")
+    journal.close()
+    db = sqlite3.connect(layout.journal_path(tmp_path))
+    db.execute("CREATE TABLE idempotency_keys (seq INTEGER PRIMARY KEY, key TEXT UNIQUE, digest, answer, stored)")
+    db.execute("INSERT INTO idempotency_keys VALUES (7, 'k1', x'64', x'61', ?)", (time.time(),))
+    db.commit()
+    db.close()
+    again = opened(tmp_path)
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"
+    assert commit_keys(again, claims("k1")).decisions == [Stored(b"d", b"a")]

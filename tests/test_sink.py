@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
-import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +14,8 @@ import pytest
 from tiny import layout
 from tiny.commit import Append, Claim, OutcomeUnknown, Receipt, Refused, Stored, Unavailable, WriteFailed
 from tiny.commit.local import LocalCommit
+from tiny.files import size_of
+from tiny.keylog import segment_name
 from tiny.sink import BacklogFull, DailyFileSink, Outcome, SinkError
 
 HEADER = b"h\n"
@@ -289,24 +290,30 @@ def test_later_appends_of_one_key_in_one_flush_write_nothing(tmp_path: Path) -> 
 
 
 @pytest.mark.hardening("exactly once 9: a failed key commit left the rows on disk after its 503")
-def test_a_failed_keys_commit_cuts_the_rows_back_before_the_answer(tmp_path: Path) -> None:
-    """Not left until the next flush's recovery, nor across a clean stop."""
+def test_a_failed_commit_point_of_a_flush_with_keys_cuts_its_rows_and_keys_back_before_the_answer(
+    tmp_path: Path,
+) -> None:
+    """The keys are in the key log, written with the rows; until the intent's mark nothing of
+    them counts, and a failed mark cuts both back before the answer (not at the next flush's
+    recovery, nor after a clean stop): the retry is processed afresh, not replayed."""
 
     async def go() -> None:
         sink, _ = make(tmp_path)
         await sink.append({"d.csv": b"0\n"})
-        keys = sink.commit_point.keys  # type: ignore[attr-defined]
-        real = keys.commit
+        intent = sink.commit_point.intent  # type: ignore[attr-defined]
+        mark = intent._mark
 
-        def full() -> None:
-            keys.rollback()
-            raise sqlite3.OperationalError("database or disk is full")
+        def failing(state: bytes) -> None:
+            if state == b"-":
+                raise OSError(28, "No space left on device")
+            mark(state)
 
-        keys.commit = full
-        with pytest.raises(WriteFailed, match="disk is full"):
+        intent._mark = failing
+        with pytest.raises(WriteFailed, match="No space left"):
             await keyed(sink, "k", b"1\n")
         assert (tmp_path / "d.csv").read_bytes() == b"h\n0\n"  # at the answer, not later
-        keys.commit = real
+        assert size_of(tmp_path / segment_name(1)) <= 0  # no key either
+        intent._mark = mark
         assert await keyed(sink, "k", b"1\n") == WRITTEN  # the retry is processed afresh
         await sink.close()
 

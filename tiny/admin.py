@@ -8,10 +8,11 @@ Usage (``tiny-admin`` once installed, or ``python -m tiny.admin`` from the sourc
 
 ``backup`` copies a data dir while servers write to it, so that the copy is one the server
 accepts and that holds exactly what was acknowledged at one instant: it takes the data dir's
-flush lock for as long as it takes to note every file's size, the intent and the newest
-idempotency key (microseconds: ingest waits that long, never for the copy), then copies, with
+flush lock for as long as it takes to note every file's size, the intent and the key log's
+segments (microseconds: ingest waits that long, never for the copy), then copies, with
 the lock released, each file up to its noted size (the day files and rejects only grow) and
-the journal through SQLite's online backup, dropping the keys stored after that instant, and
+the journal's meta through SQLite's online backup, the key log's segments up to their noted
+sizes (read through descriptors opened under the lock: expiry may delete one meanwhile), and
 the files' committed sizes as they were at that instant (none past the sizes copied). A
 retry of any batch against the copy then writes it exactly once. A plain ``cp -r`` of a live
 data dir is refused by the server instead (the journal and the files come from different
@@ -69,6 +70,7 @@ from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
 from tiny.config import cluster_string, host_name, seconds
 from tiny.files import size_of
+from tiny.keylog import KEYS_DIR, records, segment_number
 from tiny.keys import MODES, stored_mode
 from tiny.refusals import Found
 
@@ -87,14 +89,15 @@ def backup(
     if dest.exists():
         raise FileExistsError(f"{dest} exists; back up into a new directory")
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
-    journal.open()
+    journal.open(keys=False)
+    segments: dict[str, tuple[int, int]] = {}
     try:
         with journal.locked():  # one instant: the files, the intent and the keys agree
             sizes = _file_sizes(data_dir)
             intent = layout.intent_path(data_dir).read_bytes()
             committed = layout.sizes_path(data_dir).read_bytes()  # each at most the size noted now
             lock_line = layout.lock_path(data_dir).read_bytes()[:64]
-            newest = journal.keys.last[1] if journal.keys.last else 0
+            segments = _key_log_sizes(data_dir)
             position = _position(journal, hold is not None)
             if hold is not None:
                 _hold(hold, position or 0)
@@ -103,13 +106,16 @@ def backup(
         copied = 0
         for name, size in sorted(sizes.items()):
             copied += _copy_prefix(data_dir / name, dest / name, size)
-        kept = _copy_journal(journal, layout.journal_path(dest), newest)
+        _copy_journal(journal, layout.journal_path(dest))
+        kept = _copy_key_log(segments, dest)
         layout.intent_path(dest).write_bytes(intent)
         layout.sizes_path(dest).write_bytes(committed)
         layout.lock_path(dest).write_bytes(lock_line)
         shutil.copyfile(layout.identity_path(data_dir), layout.identity_path(dest))
     finally:
         journal.close()
+        for fd, _ in segments.values():
+            os.close(fd)
     return {"files": len(sizes), "bytes": copied, "keys": kept, "position": position if position is not None else -1}
 
 
@@ -167,17 +173,44 @@ def _copy_prefix(source: Path, target: Path, size: int) -> int:
     return size
 
 
-def _copy_journal(journal: LocalCommit, target: Path, newest: int) -> int:
-    """SQLite's online backup of the journal into ``target``, without the keys stored after
-    seq ``newest`` (their rows are past the copied sizes); returns the keys kept."""
+def _key_log_sizes(data_dir: Path) -> dict[str, tuple[int, int]]:
+    """Each key log segment (tiny.keylog), by its name relative to ``data_dir``: a descriptor
+    opened now and its size now (lock held: every byte below it belongs to a flush)."""
+    folder = data_dir / KEYS_DIR
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for entry in os.scandir(folder):
+        if segment_number(entry.name) is not None:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+            found[f"{KEYS_DIR}/{entry.name}"] = (fd, os.fstat(fd).st_size)
+    return found
+
+
+def _copy_key_log(segments: dict[str, tuple[int, int]], dest: Path) -> int:
+    """The segments up to their noted sizes into ``dest``; returns the keys copied."""
+    kept = 0
+    for name, (fd, size) in sorted(segments.items()):
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = os.pread(fd, size, 0)
+        if len(data) != size:
+            raise OSError(f"the key log segment {name} shrank below {size} bytes while it was copied")
+        with open(target, "wb") as writer:
+            writer.write(data)
+            writer.flush()
+            os.fsync(writer.fileno())
+        kept += sum(1 for _ in records(data))
+    return kept
+
+
+def _copy_journal(journal: LocalCommit, target: Path) -> None:
+    """SQLite's online backup of the journal's meta into ``target``, in its mode."""
     copy = sqlite3.connect(target)
     try:
         journal.keys.db.backup(copy)
-        copy.execute("DELETE FROM idempotency_keys WHERE seq > ?", (newest,))
-        copy.commit()
         mode = copy.execute("SELECT value FROM meta WHERE name = 'journal_mode'").fetchone()[0]
         copy.execute(f"PRAGMA journal_mode={'WAL' if bytes(mode) == b'wal' else 'DELETE'}")
-        return int(copy.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0])
     finally:
         copy.close()
 
@@ -190,7 +223,7 @@ def set_journal_mode(data_dir: Path, mode: str, lock_timeout: float = 30.0) -> s
     if current is None:
         raise Refused(f"{data_dir} has no journal of this version to change")
     journal = LocalCommit(data_dir, mode=current, lock_timeout=lock_timeout)
-    journal.open()
+    journal.open(keys=False)
     try:
         with journal.locked():
             try:
@@ -212,7 +245,7 @@ def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
     store's generation; returns the rows. Unavailable when a day file is not a regular file
     or the store cannot be written (the store is left as it was)."""
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
-    journal.open()
+    journal.open(keys=False)
     try:
         with journal.locked():
             journal.recover()
@@ -238,7 +271,7 @@ def forget(data_dir: Path, files: Sequence[str], remove: bool = False, lock_time
         raise Refused(f"{data_dir} has no journal of this version: there is nothing to forget")
     names = list(dict.fromkeys(_data_file(data_dir, given) for given in files))
     journal = LocalCommit(data_dir, mode=mode, lock_timeout=lock_timeout)
-    journal.open(check_sizes=False)  # every other check holds
+    journal.open(check_sizes=False, keys=False)  # every other check holds
     try:
         with journal.locked():
             table = journal.intent.sizes

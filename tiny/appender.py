@@ -70,11 +70,12 @@ class Appender:
 class FileFlush:
     """One flush's files; see the module docstring. Lock held by the caller for every call."""
 
-    __slots__ = ("_appender", "intended", "opened")
+    __slots__ = ("_appender", "_kept", "intended", "opened")
 
     def __init__(self, appender: Appender) -> None:
         self._appender = appender
         self.opened: list[tuple[int, FileSpan]] = []  # each file's descriptor and span, as opened
+        self._kept: set[int] = set()  # descriptors the caller opened and keeps (close() leaves them)
         self.intended = False  # the intent is written: the flush's mark is its to set
 
     def write(
@@ -85,26 +86,35 @@ class FileFlush:
         last: tuple[str, int, float] | None = None,
         position: tuple[int, int] | None = None,
         crash: Callable[[str], None] = _no_crash,
+        kept: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
         """Append each file's parts with one write, after the intent (see the module docstring).
-        ``crash`` is called at "before-writes" and "between-writes" (tiny.crashpoints)."""
+        ``crash`` is called at "before-writes" and "between-writes" (tiny.crashpoints).
+        ``kept``: files the caller holds open for appending (O_APPEND), by name: (descriptor,
+        size now, known under the lock); they are written like the others but not opened,
+        stat'ed or closed here (the key log's segment, tiny.keys)."""
         a = self._appender
         writes: list[tuple[int, list[bytes]]] = []
         new_dirs: set[str] = set()
         for name in sorted(files):
-            path = os.path.join(a.root, name)
-            fd, created = open_for_append(path)
-            size = os.fstat(fd).st_size
+            held = kept.get(name) if kept else None
+            if held is not None:
+                (fd, size), created = held, False
+                self._kept.add(fd)
+            else:
+                path = os.path.join(a.root, name)
+                fd, created = open_for_append(path)
+                size = os.fstat(fd).st_size
             self.opened.append((fd, FileSpan(name, size, size, created)))  # the size after follows
             parts = files[name]
             if size == 0:
                 parts = [a.headers.get(Path(name).suffix, b""), *parts]
-            elif os.pread(fd, 1, size - 1) != b"\n":
+            elif name[0] != "." and os.pread(fd, 1, size - 1) != b"\n":  # (.tiny/: the key log's binary records)
                 parts = [b"\n", *parts]  # the last row someone else wrote lacks its LF: keep it whole
             self.opened[-1] = (fd, FileSpan(name, size, size + sum(map(len, parts)), created))
             writes.append((fd, parts))
             if created:
-                new_dirs.add(os.path.dirname(path))
+                new_dirs.add(os.path.dirname(os.path.join(a.root, name)))
         if not self.opened:
             return
         a.intent.write([span for _, span in self.opened], first_key, last, position)
@@ -172,5 +182,7 @@ class FileFlush:
 
     def close(self) -> None:
         for fd, _ in self.opened:
+            if fd in self._kept:
+                continue
             os.close(fd)
         self.opened = []

@@ -9,9 +9,11 @@ signal goes to the flushing thread with ``pthread_kill``, not to the process: a 
 the process is taken by its main thread, and the flush went on meanwhile.
 
 The points of a local flush (tiny.commit.local, tiny.appender): ``before-writes`` (the intent
-written, no data), ``between-writes`` (the first file written), ``after-writes`` (every file
-written, nothing committed), ``after-commit`` (the keys committed, the intent still live),
-``after-finish`` (the intent marked). ``worker-start`` is a worker that dies as it starts
+written, no data), ``between-writes`` (the first file written: with keys, the key log's
+records), ``after-writes`` (every file written, nothing committed), ``after-commit`` (the
+check before the commit point passed, the intent still live: nothing committed, since the
+intent's mark commits rows and keys together), ``after-finish`` (the intent marked).
+``worker-start`` is a worker that dies as it starts
 (tiny.worker). A follower's flush (tiny.follower, cluster mode) reaches ``before-writes`` and
 ``between-writes`` too, then ``follower-after-append`` (every file written, its position not
 committed: the intent live) and ``follower-after-position`` (the intent marked with its

@@ -13,8 +13,8 @@ holding the lock file's flock from its start (and the intent's, the fence, as so
 intent file is open) to its end, waiting at most the lock's timeout for them. It creates them
 in a data dir that has none, and otherwise refuses (:class:`~tiny.refusals.Found`) a journal,
 lock or intent file that is missing, empty, damaged or holds another id, a journal that lacks
-the newest key an intent says was committed (its ``-wal`` deleted, an older copy restored),
-files shorter than the last committed flush left them or than their committed sizes, and an
+the newest key an intent of the previous format says was committed, files (the key log's
+segments among them) shorter than the last committed flush left them or than their committed sizes, and an
 unfinished flush it cannot undo safely; a journal in another mode is refused (Refused) even
 with ``accept_new``. ``accept_new`` instead moves ``.tiny`` aside as
 ``.tiny.replaced-<time>`` and starts a fresh journal under the data dir's id, undoing the
@@ -91,6 +91,7 @@ def open_journal(
                 raise
             identity = opening.start_fresh(found.what)
         keys.note_file()
+        keys.attach_log()  # after recovery: every byte of the log is committed now (read later, unlocked)
     return identity
 
 

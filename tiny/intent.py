@@ -7,10 +7,12 @@ the payload's length (4 bytes, big-endian), its CRC-32 (4 bytes), and the payloa
 - ``files``: per file the flush appends to (a :class:`FileSpan`), ``[name, size_before,
   size_after, created]``, the name relative to the data dir (records of an earlier format have
   no ``size_after``);
-- ``first_key``: the first Idempotency-Key the flush stores, or null: the key that makes it
-  committed (tiny.keys); ``last``: ``[key, seq, stored]``, the newest key committed before it
-  (the journal's history check), or null; ``token``: unique to this flush (this opening's and a
-  count), so that no two flushes write the same record;
+- ``first_key``: null, or (an intent of the previous format, whose keys were in SQLite) the
+  first Idempotency-Key the flush stored: the key that made it committed; ``last``: null, or
+  (the previous format) ``[key, seq, stored]``, the newest key committed before it. A flush of
+  this format names the key log's segment among its files instead (tiny.keys); ``token``:
+  unique to this flush (this opening's and a count), so that no two flushes write the same
+  record;
 - ``position`` (optional): ``[before, after]``, the position in an outside order (cluster mode's
   log) committed before this flush and the one it commits, so that a follower's position
   commits together with its bytes (:meth:`IntentFile.committed_position`).
@@ -22,11 +24,13 @@ Bytes after the record are an older, longer record's. Rules:
 - A flush writes its record (:meth:`IntentFile.write`, one ``pwrite``; fsync mode: synced)
   before the first byte of its data, having checked each of its files against its committed
   size (tiny.committed_sizes); it sets the state byte once it ended (a 1-byte ``pwrite``,
-  which cannot tear): ``-`` at its commit point (the commit point itself for a flush without
-  keys), then records its files' sizes after it as committed; ``x`` once it was cut back.
+  which cannot tear): ``-`` at its commit point (the commit point itself of every flush;
+  the previous format's flushes with keys committed them in SQLite first), then records its
+  files' sizes after it as committed; ``x`` once it was cut back.
 - A record left ``I`` (a crash) is recovered by the next holder of the lock
-  (:meth:`IntentFile.recover`): kept and marked ``-`` if its first key is stored (the flush
-  committed and died before its mark); otherwise every file cut back to exactly its size before
+  (:meth:`IntentFile.recover`): kept and marked ``-`` if it names a first key and that key is
+  stored (a flush of the previous format that committed its keys and died before its mark);
+  otherwise every file cut back to exactly its size before
   (a file it created removed; fsync mode: synced), then marked ``x``. Recovery cuts only what it
   knows the flush wrote, and refuses (Found) a file longer than the flush could have made it or
   shorter than where it began. A record failing its CRC was torn while written, before any

@@ -7,8 +7,9 @@
 - ``.tiny/``: the journal (:mod:`tiny.commit.local`): ``lock``, the flush lock every writer
   takes (:mod:`tiny.flushlock`); ``intent``, the flush under way, marked finished between
   flushes (:mod:`tiny.intent`); ``sizes``, the size each file was committed up to
-  (:mod:`tiny.committed_sizes`); and ``journal.sqlite3`` (with SQLite's ``-wal`` and ``-shm``
-  beside it), the idempotency keys (:mod:`tiny.keys`).
+  (:mod:`tiny.committed_sizes`); ``keys/NNNNNNNN.log``, the idempotency keys' log
+  (:mod:`tiny.keylog`); and ``journal.sqlite3`` (with SQLite's ``-wal`` and ``-shm`` beside
+  it), the journal's meta (:mod:`tiny.keys`).
 - ``.tiny/aggregates.sqlite3`` (and its ``-wal``, ``-shm``), ``aggregates.boot`` and
   ``aggregates.lock``: the live aggregates of the day files (tiny.aggregates, tiny.unsynced),
   a summary that is deleted and counted again from the files whenever it is not trusted.

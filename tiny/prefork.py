@@ -240,7 +240,7 @@ def _data_dir_usable(config: Config) -> bool:
         cluster=False,
     )
     try:
-        journal.open(accept_new=config.new_journal)
+        journal.open(accept_new=config.new_journal, keys=False)
     except CommitError as exc:
         log.error("cannot start: %s", exc)
         return False

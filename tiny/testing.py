@@ -393,7 +393,7 @@ class InProcessServer(_Client):
             InProcessServer._metrics_dir = tempfile.mkdtemp(prefix="tiny-test-metrics-")
             metrics.setup(InProcessServer._metrics_dir)
         journal = LocalCommit(self.config.data_dir, mode=self.config.journal_mode)
-        journal.open()  # as tiny.prefork does before any worker: the first journal of a data dir
+        journal.open(keys=False)  # as tiny.prefork does before any worker: the first journal of a data dir
         journal.close()
         ready = threading.Event()
         failure: list[BaseException] = []

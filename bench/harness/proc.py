@@ -4,10 +4,8 @@ whole machine, resident memory, the load average, the CPU model, and what a data
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,19 +124,17 @@ def cpu_model(default: str = "") -> str:
 
 
 def key_store(data_dir: Path) -> dict[str, Any]:
-    """What a data dir's journal holds: its keys, the database's logical size (its pages, WAL
-    frames included) per key, and the files of ``.tiny/`` as they are (the WAL is reused after
-    each checkpoint, so its size is bounded, not per key)."""
+    """What a data dir's journal holds: its keys (the records of its key log, tiny.keylog), the
+    log's bytes per key, and the files of ``.tiny/`` as they are."""
+    from tiny.keylog import records
+
     journal = data_dir / ".tiny"
     files = {f.name: f.stat().st_size for f in journal.iterdir() if f.is_file()} if journal.is_dir() else {}
     keys, database_bytes = 0, 0
-    path = journal / "journal.sqlite3"
-    if path.exists():
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
-            keys = db.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0]
-            database_bytes = (
-                db.execute("PRAGMA page_count").fetchone()[0] * db.execute("PRAGMA page_size").fetchone()[0]
-            )
+    for segment in sorted((journal / "keys").glob("*.log")) if (journal / "keys").is_dir() else []:
+        data = segment.read_bytes()
+        keys += sum(1 for _ in records(data))
+        database_bytes += len(data)
     return {
         "keys": keys,
         "database_bytes": database_bytes,

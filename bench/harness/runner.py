@@ -8,6 +8,8 @@ import itertools
 import os
 import shlex
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -104,7 +106,7 @@ class Runner:
         with contextlib.suppress(FileNotFoundError):
             percentiles.unlink()
         if service.data_dir is not None:
-            clear_dir(service.data_dir)
+            clear_dir(service.data_dir, service.tree)
         return point
 
     def _command(self, spec: PointSpec, url: str, requests: int, keep: bool, tag: str, percentiles: Path) -> list[str]:
@@ -216,11 +218,13 @@ def print_point(point: dict[str, Any]) -> None:
     )
 
 
-def clear_dir(path: Path) -> None:
+def clear_dir(path: Path, tree: Path | None = None) -> None:
     """Remove the files under ``path`` (the day files a point wrote), keeping the directories, the
     journal (``.tiny/``) and the data dir's identity (``.tiny-id``). A Tiny data dir's day and
     rejects files go through ``tiny-admin forget --remove`` (under the running server's flush
-    lock): removed behind the journal's back, the next write would be refused as data loss."""
+    lock): removed behind the journal's back, the next write would be refused as data loss.
+    ``tree``: the server is another tree's, whose own tiny-admin does it (its journal may be of
+    another format)."""
     data_files: list[str] = []
     for root, dirs, files in os.walk(path):
         if STATE_DIR in dirs:  # the journal and its keys, open in the server: they grow as in real use
@@ -234,7 +238,10 @@ def clear_dir(path: Path) -> None:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(root, name))
-    if data_files:
+    if data_files and tree is not None:
+        program = f"import sys; sys.path.insert(0, {str(tree)!r}); from tiny.admin import main; sys.exit(main())"
+        subprocess.run([sys.executable, "-c", program, "forget", str(path), *data_files, "--remove"], check=True)
+    elif data_files:
         forget(path, data_files, remove=True)
 
 

@@ -40,6 +40,7 @@ class Service:
 
     url: str = ""
     data_dir: Path | None = None
+    tree: Path | None = None  # another tree's server (bench/ab.py): its own tiny-admin clears its data dir
     info: dict[str, Any]
 
     def roots(self) -> list[int]:

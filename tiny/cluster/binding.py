@@ -77,8 +77,8 @@ def check(found: Binding, cluster_id: str, local: LocalCommit) -> None:
 
 def _written_alone(local: LocalCommit) -> str | None:
     """What the data dir holds that no log has, or None."""
-    if local.keys.last is not None:
-        return f"Idempotency-Keys in its own journal ({local.keys.path})"
+    if local.keys.last is not None or local.keys.holds_keys():
+        return f"Idempotency-Keys in its own journal ({local.keys.path.parent / 'keys'})"
     record = local.intent.read()
     if record is not None and record.spans and record.position is None:
         return f"bytes of a flush of its own journal ({local.intent.path})"

@@ -7,25 +7,29 @@ of the journal's pieces, each with its own file, layout and rules:
 - tiny.flushlock: the flush lock (``.tiny/lock``, fenced by the intent's flock) and its holder;
 - tiny.intent: the intent of the flush under way (``.tiny/intent``), its recovery, the
   committed sizes read without the lock; tiny.committed_sizes, the files' committed sizes;
-- tiny.keys: the idempotency keys and their expiry (``.tiny/journal.sqlite3``);
+- tiny.keys, tiny.keylog: the idempotency keys, in the key log (``.tiny/keys/*.log``) and in
+  memory, their expiry; the journal's meta (``.tiny/journal.sqlite3``);
 - tiny.appender: the flush's bytes written to the data files; tiny.crashpoints, the crash tests' hooks.
 
 A flush (:meth:`LocalCommit.commit`, docs/exactly-once.md numbers its steps): take the lock
 (both flocks, the holder recorded, the lock, intent and journal files checked), recover what a
-crash left, decide the keys (one SQLite transaction, not committed yet), write the intent and
-the files, confirm that the lock and the files are still this flush's, commit the keys (the
-commit point of a flush with keys), mark the intent (the commit point of a flush without),
-release. A failure before the commit point rolls the keys back and cuts the files back before
-anything is answered (:class:`~tiny.commit.WriteFailed` for the disk's sake,
+crash left, decide the keys (the log's new records read, each key looked up in memory; a new
+key becomes a record), write the intent and the files with the key log's records among them,
+confirm that the lock and the files are still this flush's, mark the intent (the commit point
+of every flush: rows and keys count together), take the new keys into memory, release. A
+failure before the commit point cuts the files back, key records included, before anything is
+answered (:class:`~tiny.commit.WriteFailed` for the disk's sake,
 :class:`~tiny.commit.Refused` for the data dir's); a failure after it is a success. What could
 not be undone is left to the next recovery (:attr:`LocalCommit.unfinished`: :meth:`recover`).
 
-With fsync, the intent reaches the disk before the data, the data and new directory entries
-before the keys' commit (SQLite synchronous=FULL), and that before the intent's mark; so the
-same holds across a power loss. Without, every step is written, which a killed process cannot lose.
+With fsync, the intent reaches the disk before the data, the data, the key records and new
+directory entries before the intent's mark; so the same holds across a power loss. Without,
+every step is written, which a killed process cannot lose.
 
 Not thread-safe: a LocalCommit belongs to one thread (the sink's), except :meth:`digest`,
 :meth:`peek_committed_sizes`, :meth:`waiting` and :meth:`blocked_elsewhere`, which never wait.
+:meth:`open` starts one more thread, which reads the keys from the key log into memory; a flush
+with keys waits for it (at most its deadline), and :meth:`close` stops it.
 """
 
 from __future__ import annotations
@@ -33,18 +37,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from tiny import layout, limits
 from tiny.appender import Appender, FileFlush, LockLost
-from tiny.commit import Append, Receipt, Refused, WriteFailed, keyed_digest
+from tiny.commit import Append, Receipt, Refused, Stored, Unavailable, WriteFailed, keyed_digest
 from tiny.crashpoints import CrashPoints
 from tiny.datadir import open_journal
 from tiny.files import size_of
 from tiny.flushlock import FlushLock, held_elsewhere
 from tiny.intent import IntentFile
+from tiny.keylog import SEGMENT_BYTES
 from tiny.keys import KeyStore
 
 log = logging.getLogger("tiny.commit.local")
@@ -69,13 +75,20 @@ class LocalCommit:
         headers: Mapping[str, bytes] | None = None,
         crash_at: str = "",
         cluster: bool | None = None,
+        segment_bytes: int = SEGMENT_BYTES,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.cluster = cluster  # tiny.datadir open_journal's: False refuses a data dir that follows a cluster
         self.fsync = fsync
         self.keys = KeyStore(
-            layout.journal_path(self.data_dir), fsync=fsync, window=window, max_keys=max_keys, mode=mode
+            layout.journal_path(self.data_dir),
+            fsync=fsync,
+            window=window,
+            max_keys=max_keys,
+            mode=mode,
+            segment_bytes=segment_bytes,
         )
+        self.keys.on_drop = self._forget_size
         self.lock = FlushLock(self.data_dir, lock_timeout)
         self.intent = IntentFile(self.data_dir, fsync)
         self.appender = Appender(self.data_dir, self.lock, self.intent, headers=headers or {}, fsync=fsync)
@@ -84,6 +97,9 @@ class LocalCommit:
         self._secret: bytes | None = None  # the keys' digest secret; None while not open
         self._unfinished = False
         self._holding = False  # this commit point holds the lock (locked()): recover() takes it not again
+        self._loader: threading.Thread | None = None  # reads the keys after open()
+        self._loader_started = False  # open() was asked for the keys
+        self._load_error: Exception | None = None
 
     @property
     def is_open(self) -> bool:
@@ -102,11 +118,12 @@ class LocalCommit:
         """Keys in the journal at this process's last commit with keys."""
         return self.keys.count
 
-    def open(self, accept_new: bool = False, check_sizes: bool = True) -> None:
+    def open(self, accept_new: bool = False, check_sizes: bool = True, keys: bool = True) -> None:
         """Attach to the data dir's journal, creating it in a data dir that has none
         (tiny.datadir says what is refused, and what ``accept_new`` replaces). ``check_sizes``
-        False: every check but the files' committed sizes (tiny-admin forget only). On any
-        failure nothing stays open."""
+        False: every check but the files' committed sizes (tiny-admin forget only). ``keys``
+        False: the key log's keys are not read into memory (the operator's commands, the start's
+        check; a flush with keys then refuses). On any failure nothing stays open."""
         if self.is_open:
             return
         try:
@@ -126,9 +143,57 @@ class LocalCommit:
             self.close()
             raise
         self.dir_id, self._secret = identity.dir_id, identity.secret
+        self._loader_started = keys
+        if keys:
+            # The keys are read on a thread of their own, without the lock (what attach_log
+            # noted under it is committed): 10 million take seconds, and the worker's loop must
+            # beat meanwhile. A flush with keys waits for them (_keys_read), at most its deadline.
+            self._loader = threading.Thread(target=self._load_keys, name="tiny-keys-load", daemon=True)
+            self._loader.start()
+
+    def _load_keys(self) -> None:
+        try:
+            self.keys.load()
+        except Exception as exc:
+            self._load_error = exc
+
+    def keys_read(self, timeout: float | None = None) -> bool:
+        """Whether the keys have been read from the key log since :meth:`open` (waiting at most ``timeout``)."""
+        loader = self._loader
+        if loader is not None:
+            loader.join(timeout)
+            if loader.is_alive():
+                return False
+        return self.is_open and self._load_error is None and self._loader_started
+
+    def _keys_read(self, deadline: float) -> None:
+        """Wait for the keys' reading, at most until ``deadline``: Unavailable past it, Refused
+        when the log could not be read (the next opening reads it again)."""
+        if self._loader is None and self._load_error is None and self._loader_started:
+            return
+        if not self._loader_started:
+            raise Refused("the journal was opened without its keys (an operator's command): it takes no keyed flush")
+        if self._loader is not None:
+            self._loader.join(max(0.0, deadline - time.monotonic()))
+            if self._loader.is_alive():
+                raise Unavailable(
+                    f"the keys are still being read from the key log ({self.keys.table.size:,} so far, "
+                    f"{self.keys.segment_count} segments): keyed writes wait until they are all in memory"
+                )
+            self._loader = None
+        if self._load_error is not None:
+            raise Refused(f"the key log could not be read: {self._load_error}")
 
     def close(self) -> None:
-        """Close every file and the database (also after a failed :meth:`open`)."""
+        """Close every file and the database (also after a failed :meth:`open`); a reading of
+        the keys still under way is stopped first."""
+        if self._loader is not None:
+            self.keys.stop_loading = True
+            self._loader.join()
+            self._loader = None
+            self.keys.stop_loading = False
+        self._loader_started = False
+        self._load_error = None
         self._secret = None
         self.keys.close()
         self.lock.fence_fd = -1
@@ -165,6 +230,8 @@ class LocalCommit:
         ``deadline`` at most. Raises LockTimeout (an Unavailable), Refused (the data dir: a file
         found shorter than committed, a lock lost, the journal replaced), or WriteFailed."""
         try:
+            if any(append.claim for append in appends):
+                self._keys_read(deadline)
             with self.lock.holding(max(0.0, deadline - time.monotonic())):
                 self.keys.check_file()
                 return self._commit_locked(appends)
@@ -173,36 +240,46 @@ class LocalCommit:
 
     def _commit_locked(self, appends: Sequence[Append]) -> Receipt:
         self.intent.recover(self.keys.is_stored)
-        decisions, first_key = self.keys.decide([append.claim for append in appends])
+        claims = [append.claim for append in appends]
         files: dict[str, list[bytes]] = {}
+        decisions: list[Stored | None]
+        kept: dict[str, tuple[int, int]] = {}
+        logged = None  # the key log's segment this flush appends to
+        if any(claims):
+            decisions, records = self.keys.decide(claims)
+            if records is not None:
+                logged, data, held = records
+                files[logged] = [data]
+                if held is not None:
+                    kept[logged] = held
+        else:
+            decisions = [None] * len(appends)
         for append, decision in zip(appends, decisions, strict=True):
             if decision is None:
                 for name, data in append.chunks.items():
                     files.setdefault(name, []).append(data)
         flush = self.appender.flush()
         try:
-            self._write_and_commit(flush, files, first_key)
-            self.crash.reach("after-commit")  # with keys: committed, the intent still live
+            self._write_and_commit(flush, files, kept)
             try:
-                flush.finish()
-            except OSError as exc:
-                if first_key is None:  # the mark was the commit point
-                    self._roll_back(flush)
-                    raise
-                log.error("could not mark a committed flush (the next flush will): %s", exc)
-                self._unfinished = True
+                self.keys.commit(next((span.size_before for _, span in flush.opened if span.name == logged), None))
+            except OSError as exc:  # committed all the same: the next flush reads the log on from here
+                log.error("could not read a committed flush's keys back (the next flush will): %s", exc)
             self.crash.reach("after-finish")
         finally:
             flush.close()
         return Receipt(decisions)
 
-    def _write_and_commit(self, flush: FileFlush, files: dict[str, list[bytes]], first_key: str | None) -> None:
-        """The intent, the files, the check before the commit point, the keys' commit."""
+    def _write_and_commit(
+        self, flush: FileFlush, files: dict[str, list[bytes]], kept: dict[str, tuple[int, int]]
+    ) -> None:
+        """The intent, the files and the key log, the check before the commit point, the mark."""
         try:
-            flush.write(files, first_key=first_key, last=self.keys.last, crash=self.crash.reach)
+            flush.write(files, crash=self.crash.reach, kept=kept)
             self.crash.reach("after-writes")
             flush.confirm()
-            self.keys.commit()
+            self.crash.reach("after-commit")  # confirmed, the key log written: not committed until the mark
+            flush.finish()  # the commit point of every flush
         except LockLost:
             # Another writer may hold the data dir's lock now and may have written after these
             # files: nothing is cut here; the next recovery, under that lock, does it.
@@ -211,8 +288,13 @@ class LocalCommit:
             raise
         except BaseException:
             self.keys.rollback()
-            self._roll_back(flush)  # before any answer: a failed flush keeps nothing
+            self._roll_back(flush)  # before any answer: a failed flush keeps nothing, its keys included
             raise
+
+    def _forget_size(self, name: str) -> None:
+        """A key log segment deleted by expiry: its committed size is no longer expected."""
+        if self.intent.sizes is not None:
+            self.intent.sizes.forget(name)
 
     def _roll_back(self, flush: FileFlush) -> None:
         """Cut a failed flush's files back and mark its intent undone; if that fails too, the
