@@ -67,10 +67,11 @@ from pathlib import Path
 
 from tiny import layout
 from tiny.aggregates import Aggregates, Unavailable, aggregates_path
+from tiny.cluster.dsn import cluster_string
 from tiny.commit import CommitError, Refused
 from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
-from tiny.config import cluster_string, host_name, seconds
+from tiny.config import host_name, seconds
 from tiny.files import size_of
 from tiny.keylog import KEYS_DIR, records, segment_number
 from tiny.keys import MODES, stored_mode

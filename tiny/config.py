@@ -7,13 +7,13 @@ import math
 import os
 import re
 import socket
-import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tiny import limits
+from tiny.cluster import dsn
 
 ENV_PREFIX = "TINY_"
 DURABILITIES = ("write", "fsync")
@@ -34,9 +34,6 @@ _MIN_STALL_SECONDS = 1.0  # 4 heartbeats (tiny.heartbeat.BEAT_SECONDS): less kil
 _MIN_CPUS = 0.01  # the least cgroup quota: 1 ms of every 100 ms period (tiny.analytics.cpu)
 _MIN_RATE = 0.001  # one read per 1000 s; far below it the pace's interval and Retry-After grow absurd (1e-320: inf)
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
-_MAX_DSN = 4096  # characters of --cluster
-# a password in a libpq key=value string, or in a URI's user info or query
-_PASSWORD = re.compile(r"(?:^|\s)password\s*=|^postgres(?:ql)?://[^/@?]*:[^/@?]*@|[?&]password=", re.IGNORECASE)
 _SECRET_VALUES = {"token", "cluster"}  # flags whose values no message or --help shows
 
 
@@ -194,39 +191,6 @@ def _crash_point(text: str) -> str:
     return text
 
 
-def _dsn(text: str) -> str:
-    """A libpq connection string (key=value or URI) without a password, or empty. The value is
-    never shown back (see _naming): were a password in it, it would leak into the message."""
-    if len(text) > _MAX_DSN or "\n" in text or "\0" in text:
-        raise argparse.ArgumentTypeError(f"must be a libpq connection string of at most {_MAX_DSN} characters")
-    if _PASSWORD.search(text.strip()):
-        raise argparse.ArgumentTypeError(
-            "must not hold a password (it would show in ps, the environment and logs): put it in a passfile "
-            "named by passfile=PATH in the string, or by PGPASSFILE"
-        )
-    if text.strip():
-        _libpq_parses(text.strip())
-    return text.strip()
-
-
-def _libpq_parses(dsn: str) -> None:
-    """Refuse a string libpq cannot parse, at start-up rather than at the first connect (where
-    it would end the server with a traceback echoing the string). Only an unknown option's
-    name is shown back: libpq's other messages quote the string itself."""
-    from psycopg import Error  # here: only cluster mode pays for importing psycopg
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        conninfo_to_dict(dsn)
-    except Error as exc:
-        unknown = re.match(r'invalid connection option "([a-z_]{1,40})"', str(exc))
-        if unknown:
-            raise argparse.ArgumentTypeError(f"names an option libpq does not know: {unknown.group(1)!r}") from None
-        raise argparse.ArgumentTypeError(
-            "must be a libpq connection string libpq can parse (key=value pairs, or a postgresql:// URI)"
-        ) from None
-
-
 def _host_name(text: str) -> str:
     """1-63 letters, digits, '.', '_' or '-', starting with a letter or digit; or empty."""
     if text and not _HOST_NAME.fullmatch(text):
@@ -234,14 +198,6 @@ def _host_name(text: str) -> str:
             "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
     return text
-
-
-def cluster_string(text: str) -> str:
-    """The check of ``--cluster`` for the other commands (tiny-admin backup): a libpq string
-    libpq parses, without a password, not empty."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must name the cluster (a libpq connection string)")
-    return _dsn(text)
 
 
 def host_name(text: str) -> str:
@@ -365,7 +321,7 @@ _FLAGS: list[tuple[str, Callable[[str], object], str | None]] = [
     ),
     (
         "cluster",
-        _dsn,
+        dsn.checked,
         "cluster mode: the PostgreSQL cluster that commits every batch for every host, as a libpq connection "
         "string naming every node with target_session_attrs=read-write (a password only in a passfile: "
         "passfile=PATH or PGPASSFILE); unset = this data dir's own journal, one host (docs/scaling-out.md)",
@@ -484,34 +440,9 @@ def _check_cluster(parser: argparse.ArgumentParser, values: dict[str, object]) -
             "argument --new-journal: in cluster mode a data dir is rebuilt from the log or from a peer's copy "
             "(docs/scaling-out.md), never with a fresh journal over its files"
         )
-    problem = _passfile_problem(str(values["cluster"]), os.environ)
+    problem = dsn.passfile_problem(str(values["cluster"]), os.environ)
     if problem:
         parser.error(f"argument --cluster: {problem}")
-
-
-def _passfile_problem(dsn: str, environ: Mapping[str, str]) -> str:
-    """Why libpq would not read the password file ``dsn`` names (``passfile=``, else
-    PGPASSFILE in the process's environment, which libpq reads), or "". libpq skips a file it
-    cannot open, and one with any group or world permission, with no more than "no password
-    supplied" at every connect: the server would start and answer 503 until it is stopped."""
-    from psycopg.conninfo import conninfo_to_dict
-
-    named = str(conninfo_to_dict(dsn).get("passfile") or "")
-    where = "passfile=" if named else "PGPASSFILE"
-    path = named or environ.get("PGPASSFILE", "")
-    if not path:
-        return ""
-    try:
-        mode = os.stat(path).st_mode
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        return f"the password file ({where}) cannot be read: {exc.strerror}: {path}"
-    if not stat.S_ISREG(mode):
-        return f"the password file ({where}) is not a regular file: {path}"
-    if mode & 0o077:
-        return f"libpq ignores a password file with group or world permissions ({where}): chmod 600 {path}"
-    return ""
 
 
 def _token(parser: argparse.ArgumentParser, args: argparse.Namespace, on_command_line: bool) -> tuple[str | None, str]:
