@@ -1,8 +1,8 @@
 """The commit log on a real cluster (etcd, three PostgreSQL nodes under Patroni): keys, order, followers, bounds.
 
 One cluster for the module (tiny.testing_pg), a fresh database per test. The key rules are the
-local journal's (tests/test_journal.py, tests/test_idempotency.py), held across hosts: two
-CommitLogs are two hosts.
+local journal's (tests/test_keys.py, tests/test_local_commit.py, tests/test_idempotency.py),
+held across hosts: two CommitLogs are two hosts.
 """
 
 from __future__ import annotations

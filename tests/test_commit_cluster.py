@@ -147,3 +147,19 @@ def test_new_journal_is_refused_and_a_refused_data_dir_says_how_to_rebuild_it(
     layout.identity_path(tmp_path / "data").unlink()
     with pytest.raises(Refused, match="remove the data dir .* or put a copy of a peer's in its place"):
         commit_point()
+
+
+def test_a_refused_data_dir_says_first_that_it_is_rebuilt_not_repaired(tmp_path: Path) -> None:
+    """The way out comes before what was found: /healthz shows a follower's error cut to its first
+    512 bytes, and a day file found short is explained at length, ending with the local journal's
+    `tiny-admin forget`, which a cluster host's data dir refuses. No primary is needed: the data
+    dir's own checks refuse it first."""
+    data = tmp_path / "data"
+    journal = LocalCommit(data)
+    journal.open(keys=False)
+    journal.close()
+    layout.identity_path(data).unlink()
+    with pytest.raises(Refused) as refused:
+        ClusterCommit(data, f"host=127.0.0.1 port={free_port()} dbname=x").open()
+    head = str(refused.value).encode()[:512].decode(errors="ignore")
+    assert head.startswith("In cluster mode a host's data dir is rebuilt, not repaired") and "Found: " in head

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -144,8 +145,11 @@ def test_no_fork_needs_one_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert config.parse(["--no-fork", "--processes", "1"], {}).no_fork is True
 
 
-def test_cluster_mode_takes_a_libpq_string_and_its_flags() -> None:
-    dsn = "host=a,b,c port=5432,5432,5432 dbname=tiny target_session_attrs=read-write passfile=/run/secrets/pgpass"
+def test_cluster_mode_takes_a_libpq_string_and_its_flags(tmp_path: Path) -> None:
+    passfile = tmp_path / "pgpass"
+    passfile.write_text("*:*:*:*:secret\n")
+    passfile.chmod(0o600)
+    dsn = f"host=a,b,c port=5432,5432,5432 dbname=tiny target_session_attrs=read-write passfile={passfile}"
     options = config.parse(["--cluster", dsn, "--role", "read", "--host-name", "host-2.example"], {})
     assert (options.cluster, options.role, options.host_name) == (dsn, "read", "host-2.example")
     assert config.parse([], {"TINY_CLUSTER": dsn}).follower_name() == socket.gethostname()
@@ -170,6 +174,48 @@ def test_a_password_in_the_cluster_string_is_refused_and_never_shown(
             config.parse(argv, environ)
         err = capsys.readouterr().err
         assert "passfile" in err and "secret-1" not in err
+
+
+@pytest.mark.parametrize(
+    ("dsn", "said"),
+    [
+        ("garbage==", "libpq does not know: 'garbage'"),
+        ("host=a 'dbname=x", "libpq can parse"),
+        ("postgresql://[::1:secret-1/db", "libpq can parse"),
+    ],
+)
+def test_a_cluster_string_libpq_cannot_parse_stops_at_start_up_without_echoing_it(
+    dsn: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, environ in ((["--cluster", dsn], {}), ([], {"TINY_CLUSTER": dsn})):
+        with pytest.raises(SystemExit):
+            config.parse(argv, environ)
+        err = capsys.readouterr().err
+        assert said in err and "secret-1" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        (None, "cannot be read: No such file or directory"),
+        (0o644, "group or world permissions (passfile=): chmod 600"),
+        (0o000, "cannot be read: Permission denied"),
+    ],
+)
+def test_a_password_file_libpq_would_skip_stops_at_start_up(
+    tmp_path: Path, mode: int | None, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """libpq says only "no password supplied" at every connect for a file it skips: the server
+    would start and answer 503 forever."""
+    passfile = tmp_path / "pgpass"
+    if mode is not None:
+        passfile.write_text("*:*:*:*:secret\n")
+        passfile.chmod(mode)
+    if mode == 0o000 and os.geteuid() == 0:
+        pytest.skip("root reads a file of mode 000")
+    with pytest.raises(SystemExit):
+        config.parse(["--cluster", f"host=a passfile={passfile}"], {})
+    assert said in capsys.readouterr().err
 
 
 def test_help_never_prints_the_cluster_string() -> None:
@@ -356,3 +402,26 @@ def test_the_other_commands_seconds_refuse_nan_and_nonsense(value: str, capsys: 
             command(argv)
         assert exited.value.code == 2, argv
         assert "must be a number of seconds" in capsys.readouterr().err, argv
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--cluster", "garbage==", "--host-name", "h3"], "libpq does not know: 'garbage'"),
+        (["--cluster", "host=a password=secret-1", "--host-name", "h3"], "passfile"),
+        (["--cluster", "", "--host-name", "h3"], "must name the cluster"),
+        (["--cluster", "host=a", "--host-name", "a/b"], "--host-name: must be 1-63"),
+        (["--cluster", "host=a", "--host-name", ""], "--host-name: must name the host"),
+    ],
+)
+def test_admin_backup_checks_cluster_and_host_name_as_the_server_does(
+    tmp_path: Path, flags: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A string the server would refuse ended tiny-admin backup with psycopg's traceback."""
+    from tiny import admin
+
+    with pytest.raises(SystemExit) as exited:
+        admin.main(["backup", str(tmp_path / "data"), str(tmp_path / "dest"), *flags])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and said in err and "secret-1" not in err and "Traceback" not in err
+    assert not (tmp_path / "dest").exists()

@@ -359,3 +359,26 @@ def test_forget_accepts_a_cut_file_removes_one_only_when_asked_and_refuses_what_
         assert post_day(server, 2, DAYS[0]) == 200 and post_day(server, 12, DAYS[1]) == 200
     kept = {batch: body_of(batch, days=(DAYS[0],)) for batch in (0, 2)}
     assert_exactly_once(data, kept | {12: body_of(12, days=(DAYS[1],))})
+
+
+def test_forget_refuses_a_data_dir_that_follows_a_cluster(tmp_path: Path) -> None:
+    """A cluster host's day files are the log's bytes: a file forgotten and removed there went on
+    differing from every other host's (its follower appended only what came next, /healthz ok)."""
+    from tiny import admin
+    from tiny.cluster.binding import bind
+    from tiny.commit import Refused
+    from tiny.commit.local import LocalCommit
+
+    data = tmp_path / "data"
+    journal = LocalCommit(data)
+    journal.open(keys=False)
+    try:
+        bind(journal, "cluster-1", b"k" * 32)  # what a first start in cluster mode does
+    finally:
+        journal.close()
+    day = data / f"{DAYS[0]}.csv"
+    day.write_bytes(HEADER)
+    before = sorted((path.name, path.stat().st_size) for path in data.rglob("*"))
+    with pytest.raises(Refused, match="follows the PostgreSQL cluster cluster-1"):
+        admin.forget(data, [day.name], remove=True)
+    assert day.exists() and sorted((path.name, path.stat().st_size) for path in data.rglob("*")) == before

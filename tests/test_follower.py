@@ -138,3 +138,31 @@ def test_groups_keep_each_batch_whole_within_the_files_and_bytes_of_a_flush() ->
     batches = [Batch(1, {DAY: b"a\n"}), Batch(2, {NEXT: b"b\n"}), Batch(3, many), Batch(4, {DAY: b"c\n"})]
     cut = groups(batches)
     assert [[b.position for b in group] for group in cut] == [[1, 2], [3], [4]]
+
+
+def test_an_idle_follower_is_still_seen_so_retention_keeps_the_log_for_it(
+    log: CommitLog, dsn: str, tmp_path: Path
+) -> None:
+    """Retention keeps batches for the followers seen within --follower-retention. A follower
+    that reported only a new position went unseen on an idle cluster: when traffic came back
+    while that host was down for less than the retention, the first host to apply trimmed the
+    log past it and it could not start again."""
+    put(log, {DAY: b"a\n"})
+    options = config.parse(
+        ["--cluster", dsn, "--host-name", "h1", "--data-dir", str(tmp_path / "h1"), "--follower-retention", "2"], {}
+    )
+    one = Follower(options, listen=False)
+    try:
+        one.open()
+        assert one.step() and one.applied == 1
+        time.sleep(REPORT_EVERY)  # reports of a new position are at most once a second
+        one.idle()
+        query = "SELECT applied, extract(epoch FROM seen) FROM tiny.followers WHERE name = 'h1'"
+        [(applied, first_seen)] = on_primary(dsn, query)
+        assert applied == 1  # the precondition: its position reported
+        time.sleep(0.7)  # past a quarter of the retention, nothing new to apply
+        one.idle()
+        [(applied, seen)] = on_primary(dsn, query)
+        assert applied == 1 and seen > first_seen
+    finally:
+        one.close()

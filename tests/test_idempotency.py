@@ -247,8 +247,8 @@ def test_one_key_sent_with_two_bodies_at_once_keeps_the_written_body_and_refuses
 ) -> None:
     """Pairs of requests, the same key and two bodies, sent at the same moment (often into one
     group commit): one body is written, and from then on that body is answered 200 (replayed)
-    and the other 422. The old tree got 105 of 300 pairs wrong: the written body's retry was
-    refused with 422 and the unwritten one's answered 200."""
+    and the other 422, never the written body's retry refused with 422 and the unwritten one's
+    answered 200 (the claim and the write each decided by a different body)."""
     pairs = 150
     with InProcessServer(tmp_path / "data") as server:
         for pair in range(pairs):

@@ -39,3 +39,12 @@ def test_compose_passes_the_same_body_limit_and_waits_out_the_drain() -> None:
 def test_supervisord_waits_out_the_drain_before_sigkill() -> None:
     found = re.search(r"(?m)^stopwaitsecs=(\d+)", (ROOT / "supervisor" / "supervisord.conf").read_text())
     assert found and float(found.group(1)) >= limits.DRAIN_TIMEOUT + 3
+
+
+def test_the_readme_states_the_analytics_deadlines_of_tiny_limits() -> None:
+    """The README's 10 s for a query and 60 s for a stuck pool job are limits.FOLD_SECONDS and
+    limits.ANALYTICS_JOB_SECONDS."""
+    readme = (ROOT / "README.md").read_text()
+    assert f"within {limits.FOLD_SECONDS:g} s of its arrival" in readme
+    assert f"job running over {limits.ANALYTICS_JOB_SECONDS:g} s" in readme.replace("\n", " ")
+    assert f"half its {limits.ANALYTICS_JOB_SECONDS:g} s deadline" in readme

@@ -282,3 +282,15 @@ def test_the_per_file_test_times_name_files_of_the_suite_slowest_first_within_th
     assert all((ROOT / name).is_file() for name, _ in rows), [name for name, _ in rows if not (ROOT / name).is_file()]
     assert [seconds for _, seconds in rows] == sorted((seconds for _, seconds in rows), reverse=True)
     assert sum(seconds for _, seconds in rows) <= int(total.group(1).replace(",", ""))
+
+
+def test_how_it_works_names_every_module_of_the_package() -> None:
+    """The README's module list is the map a newcomer reads the tree by: a module missing from it
+    is one nobody finds, a name it keeps after a module went is one that misleads."""
+    section = README.read_text().split("## How it works", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"\btiny/[a-z_/]+\.py\b", section))
+    modules = {
+        path.relative_to(ROOT).as_posix() for path in (ROOT / "tiny").rglob("*.py") if path.name != "__init__.py"
+    }
+    assert sorted(modules - named) == [], "modules the README does not name"
+    assert sorted(name for name in named - modules if not name.endswith("__init__.py")) == [], "names of no module"

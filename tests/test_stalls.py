@@ -179,7 +179,7 @@ def _logged_at(log: str, text: str, after: float = 0.0) -> float:
 
 
 def test_a_worker_that_dies_at_its_start_again_and_again_stops_the_server(tmp_path: Path) -> None:
-    """The parent used to restart it forever, a second apart."""
+    """5 deaths at its start in a row stop the server (exit 1) instead of a restart every second forever."""
     server = Server(tmp_path / "data", env={"TINY_CRASH_AT": "worker-start"})
     try:
         with pytest.raises(RuntimeError):

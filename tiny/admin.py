@@ -47,7 +47,9 @@ that is not a data file, or a missing file with nothing committed to it refuses 
 before anything changes. It keeps every key: a retry of a batch whose rows were in a forgotten
 file is answered "replayed" within the window, not written again (``--new-journal``, the other
 way, forgets every key). The counts of the downloads API follow by themselves (a day file
-found shorter than what was counted is counted again).
+found shorter than what was counted is counted again). A data dir that follows a cluster is
+refused: its files are the log's, byte for byte on every host, and are rebuilt, never forgotten
+(docs/scaling-out.md).
 
 Exit status: 0 done, 1 refused (the message says why), 2 bad usage.
 """
@@ -65,10 +67,11 @@ from pathlib import Path
 
 from tiny import layout
 from tiny.aggregates import Aggregates, Unavailable, aggregates_path
+from tiny.cluster.dsn import cluster_string
 from tiny.commit import CommitError, Refused
 from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
-from tiny.config import seconds
+from tiny.config import host_name, seconds
 from tiny.files import size_of
 from tiny.keylog import KEYS_DIR, records, segment_number
 from tiny.keys import MODES, stored_mode
@@ -273,6 +276,7 @@ def forget(data_dir: Path, files: Sequence[str], remove: bool = False, lock_time
     journal = LocalCommit(data_dir, mode=mode, lock_timeout=lock_timeout)
     journal.open(check_sizes=False, keys=False)  # every other check holds
     try:
+        _refuse_a_cluster_host(journal)
         with journal.locked():
             table = journal.intent.sizes
             assert table is not None
@@ -285,6 +289,22 @@ def forget(data_dir: Path, files: Sequence[str], remove: bool = False, lock_time
     finally:
         journal.close()
     return done
+
+
+def _refuse_a_cluster_host(journal: LocalCommit) -> None:
+    """Refused when the data dir follows a cluster: its files are the log's batches, the same
+    bytes on every host, and a file forgotten here would go on differing from every other
+    host's while this host's follower appended the rest."""
+    from tiny.cluster.binding import bound
+
+    found = bound(journal)
+    if found is not None:
+        raise Refused(
+            f"{journal.data_dir} follows the PostgreSQL cluster {found.cluster_id} (cluster mode): its files must "
+            "stay the log's, byte for byte, so nothing of them is forgotten. Rebuild the data dir instead: remove "
+            "it and start the host again (its follower applies the log), or start it on a copy of a peer's "
+            "(tiny-admin backup; docs/scaling-out.md). Nothing was changed"
+        )
 
 
 def _data_file(data_dir: Path, given: str) -> str:
@@ -340,9 +360,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     copy.add_argument("dest", type=Path, help="a new directory")
     copy.add_argument("--lock-timeout", type=seconds, default=30.0, help="seconds to wait for the flush lock (30)")
     copy.add_argument(
-        "--cluster", help="cluster mode: the cluster's DSN, to register --host-name at the copy's position"
+        "--cluster",
+        type=cluster_string,
+        help="cluster mode: the cluster's DSN, to register --host-name at the copy's position",
     )
-    copy.add_argument("--host-name", help="cluster mode: the follower name of the host that will start on the copy")
+    copy.add_argument(
+        "--host-name", type=host_name, help="cluster mode: the follower name of the host that will start on the copy"
+    )
     change = commands.add_parser("set-journal-mode", help="change the journal mode (stop every server first)")
     change.add_argument("data_dir", type=Path)
     change.add_argument("mode", choices=MODES)

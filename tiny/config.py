@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiny import limits
+from tiny.cluster import dsn
 
 ENV_PREFIX = "TINY_"
 DURABILITIES = ("write", "fsync")
@@ -33,9 +34,6 @@ _MIN_STALL_SECONDS = 1.0  # 4 heartbeats (tiny.heartbeat.BEAT_SECONDS): less kil
 _MIN_CPUS = 0.01  # the least cgroup quota: 1 ms of every 100 ms period (tiny.analytics.cpu)
 _MIN_RATE = 0.001  # one read per 1000 s; far below it the pace's interval and Retry-After grow absurd (1e-320: inf)
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
-_MAX_DSN = 4096  # characters of --cluster
-# a password in a libpq key=value string, or in a URI's user info or query
-_PASSWORD = re.compile(r"(?:^|\s)password\s*=|^postgres(?:ql)?://[^/@?]*:[^/@?]*@|[?&]password=", re.IGNORECASE)
 _SECRET_VALUES = {"token", "cluster"}  # flags whose values no message or --help shows
 
 
@@ -193,19 +191,6 @@ def _crash_point(text: str) -> str:
     return text
 
 
-def _dsn(text: str) -> str:
-    """A libpq connection string (key=value or URI) without a password, or empty. The value is
-    never shown back (see _naming): were a password in it, it would leak into the message."""
-    if len(text) > _MAX_DSN or "\n" in text or "\0" in text:
-        raise argparse.ArgumentTypeError(f"must be a libpq connection string of at most {_MAX_DSN} characters")
-    if _PASSWORD.search(text.strip()):
-        raise argparse.ArgumentTypeError(
-            "must not hold a password (it would show in ps, the environment and logs): put it in a passfile "
-            "named by passfile=PATH in the string, or by PGPASSFILE"
-        )
-    return text.strip()
-
-
 def _host_name(text: str) -> str:
     """1-63 letters, digits, '.', '_' or '-', starting with a letter or digit; or empty."""
     if text and not _HOST_NAME.fullmatch(text):
@@ -213,6 +198,13 @@ def _host_name(text: str) -> str:
             "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
     return text
+
+
+def host_name(text: str) -> str:
+    """The check of ``--host-name`` for the other commands (tiny-admin backup): not empty."""
+    if not text:
+        raise argparse.ArgumentTypeError("must name the host")
+    return _host_name(text)
 
 
 def _boolean(text: str | bool) -> bool:
@@ -329,7 +321,7 @@ _FLAGS: list[tuple[str, Callable[[str], object], str | None]] = [
     ),
     (
         "cluster",
-        _dsn,
+        dsn.checked,
         "cluster mode: the PostgreSQL cluster that commits every batch for every host, as a libpq connection "
         "string naming every node with target_session_attrs=read-write (a password only in a passfile: "
         "passfile=PATH or PGPASSFILE); unset = this data dir's own journal, one host (docs/scaling-out.md)",
@@ -448,6 +440,9 @@ def _check_cluster(parser: argparse.ArgumentParser, values: dict[str, object]) -
             "argument --new-journal: in cluster mode a data dir is rebuilt from the log or from a peer's copy "
             "(docs/scaling-out.md), never with a fresh journal over its files"
         )
+    problem = dsn.passfile_problem(str(values["cluster"]), os.environ)
+    if problem:
+        parser.error(f"argument --cluster: {problem}")
 
 
 def _token(parser: argparse.ArgumentParser, args: argparse.Namespace, on_command_line: bool) -> tuple[str | None, str]:

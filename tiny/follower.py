@@ -25,7 +25,8 @@ What it does, over and over (:meth:`Follower.run`):
    mark is cut back by the next holder of the lock, and the position stays the one before;
    after it, the position is the new one: nothing is skipped or applied twice;
 4. publish its position for this host's reads and /healthz, and report it to the log (at most
-   once a second; tiny.cluster.retention keeps the batches until every follower seen within
+   once a second, and at least every :data:`SEEN_EVERY` s while it is unchanged, so that an idle
+   host is still seen; tiny.cluster.retention keeps the batches until every follower seen within
    ``--follower-retention`` has applied them);
 5. when there is nothing to read, look at the log's head (once a second), run a step of
    retention (every :data:`RETAIN_EVERY` s, on every host: its steps are harmless together),
@@ -72,6 +73,9 @@ MAX_BATCH_FILES = 256  # files one batch may name: the sink's flushes name at mo
 POLL = 1.0  # seconds the follower waits for a NOTIFY before it reads anyway
 HEAD_EVERY = 1.0  # seconds between two looks at the log's head while there is nothing to read
 REPORT_EVERY = 1.0  # seconds between two reports of its position to the log
+SEEN_EVERY = 30.0  # seconds at most between two reports of an unchanged position (a quarter of
+# --follower-retention when that is less): retention keeps the log only for followers seen within
+# it, so an idle host that is alive must still be seen, or a host down when traffic resumes is trimmed past
 RETAIN_EVERY = 10.0  # seconds between two rounds of retention (each host; with jitter)
 RETAIN_STEPS = 20  # steps of one round at most (each deletes at most tiny.cluster.retention.STEP rows a kind)
 RETAIN_SECONDS = 2.0  # seconds one round goes on taking steps at most
@@ -163,6 +167,7 @@ class Follower:
         self.error = ""
         self._looked = self._reported = self._retained = 0.0
         self._reported_at = -1
+        self._seen_every = min(SEEN_EVERY, config.follower_retention / 4)
 
     # -- one turn ---------------------------------------------------------------------------
 
@@ -306,7 +311,9 @@ class Follower:
 
     def _report(self, force: bool = False) -> None:
         now = time.monotonic()
-        if self.applied != self._reported_at and (force or now - self._reported >= REPORT_EVERY):
+        since = now - self._reported
+        changed = self.applied != self._reported_at
+        if (changed and (force or since >= REPORT_EVERY)) or (self.opened and since >= self._seen_every):
             self.log.report(self.name, self.applied)
             self._reported, self._reported_at = now, self.applied
 

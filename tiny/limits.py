@@ -55,6 +55,7 @@ ANALYTICS_CACHE_BYTES = 128 * MiB
 ANSWERS_KEPT = 1024  # answers from the aggregates a worker keeps at most (within its bytes)
 DAY_AGGREGATES_KEPT = 64  # day aggregates a pool process keeps at most, per version of the day
 COUNTED_FILES_KEPT = 4096  # day files whose line count a pool process keeps at most
+ANALYTICS_JOB_SECONDS = 60.0  # a pool job running longer is stuck: its process is killed, its pool replaced
 READ_RATE = 2.0  # --read-rate: reads a worker starts per second while ingest requests are in flight in it
 READ_WAIT = 10.0  # seconds a paced read waits for its turn at most; further away: 503 at once
 FOLD_SECONDS = 10.0  # a query is answered within this long (and a fold step) or gets 503 (tiny.aggregates.Behind)

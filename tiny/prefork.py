@@ -61,11 +61,10 @@ from typing import Any
 from tiny import __version__, codec, descriptors, metrics, profiling
 from tiny.analytics import cpu
 from tiny.commit import CommitError
-from tiny.commit.local import LocalCommit
 from tiny.config import Config
 from tiny.follower_status import FollowerStatus, busy_bound
 from tiny.heartbeat import Heartbeats
-from tiny.worker import run_worker
+from tiny.worker import local_commit, run_worker
 
 log = logging.getLogger("tiny.prefork")
 _RESTART_BACKOFF_SECONDS = 1.0
@@ -230,15 +229,7 @@ def _data_dir_usable(config: Config) -> bool:
         from tiny.follower import check_at_start  # psycopg: cluster mode only
 
         return check_at_start(config)
-    journal = LocalCommit(
-        config.data_dir,
-        fsync=config.durability == "fsync",
-        window=config.idempotency_window,
-        max_keys=config.idempotency_max_keys,
-        mode=config.journal_mode,
-        lock_timeout=config.lock_timeout,
-        cluster=False,
-    )
+    journal = local_commit(config)
     try:
         journal.open(accept_new=config.new_journal, keys=False)
     except CommitError as exc:

@@ -14,8 +14,8 @@ CPU: the pool processes of every worker of a server share one cgroup quota of
 ``--analytics-cpu`` CPUs where one can be made (tiny.analytics.cpu), and run at
 ``--analytics-nice`` (default SCHED_IDLE) within it; each one exits when its worker process
 is gone (tiny.analytics.pool_process.pool_init), even a stopped one. Time: every job has a deadline
-of JOB_SECONDS from when it starts to run in a pool process (a job waiting its turn is not
-counted); a process whose job runs past it is stuck (stopped, blocked in the kernel, looping)
+of ANALYTICS_JOB_SECONDS (tiny.limits) from when it starts to run in a pool process (a job waiting
+its turn is not counted); a process whose job runs past it is stuck (stopped, blocked in the kernel, looping)
 and is killed: its pool is replaced by the next query, and every query waiting on that pool is
 answered :class:`Busy` naming the job that was stuck (:meth:`Analytics.trouble` says so for
 /healthz meanwhile). Concurrency: at most
@@ -58,7 +58,6 @@ from tiny.config import Config
 log = logging.getLogger("tiny.analytics")
 
 _STOP_SECONDS = 2.0  # how long close() waits for the pool processes to exit
-JOB_SECONDS = 60.0  # a pool job running longer is stuck: its process is killed, its pool replaced
 _WATCH_SECONDS = 0.5  # how often the running jobs are held to it
 _TROUBLE_SECONDS = 60.0  # how long trouble() reports a pool replaced because a job was stuck
 # The lanes: each its own pool, so that an answer from the aggregates (milliseconds) never
@@ -185,7 +184,7 @@ class Analytics:
         max_queued: int = limits.ANALYTICS_MAX_QUEUED,
         cache_bytes: int = limits.ANALYTICS_CACHE_BYTES,
         row_queries: int = limits.ANALYTICS_ROW_QUERIES,
-        job_seconds: float = JOB_SECONDS,
+        job_seconds: float = limits.ANALYTICS_JOB_SECONDS,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.processes = processes

@@ -264,8 +264,9 @@ def connect(dsn: str, timeouts: Timeouts, watchdog: Watchdog) -> Session:
         conn = psycopg.connect(info, autocommit=True)
     except psycopg.Error as exc:
         bound = timeouts.connect * host_count(dsn)
+        said = " ".join(str(exc).split())  # one line: libpq lists each host's failure on a line of its own
         raise Unavailable(
-            f"no PostgreSQL primary reachable (tried every host, {bound} s at most): {exc}", timeouts.retry_after
+            f"no PostgreSQL primary reachable (tried every host, {bound} s at most): {said}", timeouts.retry_after
         ) from None
     try:
         origin = _origin(conn)

@@ -122,7 +122,10 @@ class ClusterCommit:
         try:
             self.local.open()
         except Found as found:
-            raise Refused(f"{found.what}. {REBUILD}", found.retry_after) from None
+            # the way out first: /healthz carries a follower's error cut to 512 bytes, and what
+            # was found ends with the local journal's ways past it (tiny-admin forget), which a
+            # data dir that follows a cluster refuses
+            raise Refused(f"{REBUILD}. Found: {found.what}", found.retry_after) from None
         try:
             found_binding = binding.bound(self.local)
             if found_binding is None:
