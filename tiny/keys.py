@@ -30,28 +30,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-from tiny import limits
 from tiny.commit import Claim, Stored
 from tiny.keyexpiry import EXPIRE_SLACK, KeyExpiry
-from tiny.keylog import FIRST, FIXED, KEY_LENGTH_AT, SEGMENT_BYTES, encode, key_hash, place, segment_name
+from tiny.keylog import FIRST, FIXED, KEY_LENGTH_AT, encode, key_hash, place, segment_name
 
 
 class KeyStore(KeyExpiry):
     """The keys of the data dir whose journal database is at ``path``; see the module docstring."""
-
-    def __init__(
-        self,
-        path: Path,
-        *,
-        fsync: bool = False,
-        window: float = limits.IDEMPOTENCY_WINDOW,
-        max_keys: int = limits.IDEMPOTENCY_MAX_KEYS,
-        mode: str = "wal",
-        segment_bytes: int = SEGMENT_BYTES,
-    ) -> None:
-        super().__init__(path, fsync=fsync, window=window, max_keys=max_keys, mode=mode, segment_bytes=segment_bytes)
 
     def _reset(self) -> None:
         super()._reset()

@@ -230,15 +230,7 @@ def _data_dir_usable(config: Config) -> bool:
         from tiny.follower import check_at_start  # psycopg: cluster mode only
 
         return check_at_start(config)
-    journal = LocalCommit(
-        config.data_dir,
-        fsync=config.durability == "fsync",
-        window=config.idempotency_window,
-        max_keys=config.idempotency_max_keys,
-        mode=config.journal_mode,
-        lock_timeout=config.lock_timeout,
-        cluster=False,
-    )
+    journal = LocalCommit.from_config(config)
     try:
         journal.open(accept_new=config.new_journal, keys=False)
     except CommitError as exc:

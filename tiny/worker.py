@@ -101,16 +101,8 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
             on_outcome=lambda outcome: outcomes[outcome].inc(),
         )
     else:
-        commit_point = journal = LocalCommit(
-            config.data_dir,
-            fsync=config.durability == "fsync",
-            window=config.idempotency_window,
-            max_keys=config.idempotency_max_keys,
-            mode=config.journal_mode,
-            lock_timeout=config.lock_timeout,
-            headers={layout.DAY_SUFFIX: layout.HEADER},
-            crash_at=config.crash_at,
-            cluster=False,
+        commit_point = journal = LocalCommit.from_config(
+            config, headers={layout.DAY_SUFFIX: layout.HEADER}, crash_at=config.crash_at
         )
     sink = DailyFileSink(
         commit_point,
