@@ -351,3 +351,19 @@ def test_an_upgrade_over_a_flush_of_the_previous_format_killed_after_its_keys_co
     again = opened(tmp_path)
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"
     assert commit_keys(again, claims("k1")).decisions == [Stored(b"d", b"a")]
+
+
+def test_a_start_with_a_lower_bound_holds_the_bound_plus_one_segment_of_keys_not_the_whole_log(tmp_path: Path) -> None:
+    """--idempotency-max-keys lowered over a log written under a higher one: the start leaves
+    out the keys that cannot count (older than the bound before the newest segment's first)."""
+    journal = opened(tmp_path, segment_bytes=4000)
+    keys = [f"key-{n}" for n in range(3000)]
+    for start in range(0, len(keys), 250):
+        commit_keys(journal, claims(*keys[start : start + 250], answer=b"answer"))
+    journal.close()
+    segments = sorted(layout.state_dir(tmp_path).joinpath("keys").iterdir())
+    per_segment = max(len(list(records(segment.read_bytes()))) for segment in segments)
+    assert len(segments) >= 10 and per_segment == 250
+    again = opened(tmp_path, max_keys=256, segment_bytes=4000)
+    assert again.keys.table.size <= 256 + per_segment
+    assert _replayed(again, keys[-1], keys[-256], keys[0]) == [True, True, False]

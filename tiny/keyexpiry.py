@@ -32,8 +32,7 @@ class KeyExpiry(KeyReader):
     """The key log read into memory (tiny.keyload), with its expiry; see the module docstring."""
 
     def __init__(self, path: Path, *, fsync: bool, window: float, max_keys: int, mode: str, segment_bytes: int) -> None:
-        super().__init__(path, fsync=fsync, window=window, mode=mode, segment_bytes=segment_bytes)
-        self.max_keys = max_keys
+        super().__init__(path, fsync=fsync, window=window, max_keys=max_keys, mode=mode, segment_bytes=segment_bytes)
         self.on_drop: Callable[[str], None] = lambda name: None  # a segment deleted: forget its committed size
         self.count = 0  # keys counted at this process's last commit with keys (newest seq - oldest + 1)
         self.expired = 0  # keys this process's commits expired (for tests and bounds)

@@ -69,9 +69,9 @@ class KeyReader(JournalMeta):
     """The key log of the data dir whose journal database is at ``path``, read into memory; see
     the module docstring. ``window``: keys older than this many seconds are not taken."""
 
-    def __init__(self, path: Path, *, fsync: bool, window: float, mode: str, segment_bytes: int) -> None:
+    def __init__(self, path: Path, *, fsync: bool, window: float, max_keys: int, mode: str, segment_bytes: int) -> None:
         super().__init__(path, fsync=fsync, mode=mode)
-        self.window, self.segment_bytes = window, segment_bytes
+        self.window, self.max_keys, self.segment_bytes = window, max_keys, segment_bytes
         self.data_dir = path.parent.parent
         self.last: tuple[str, int, float] | None = None  # the newest key read: (key, seq, stored)
         self._dir = str(self.data_dir / KEYS_DIR)
@@ -93,6 +93,7 @@ class KeyReader(JournalMeta):
         self._want = b""  # the key a table probe confirms (_same)
         self._seen: Record | None = None  # the record the last confirmed probe read
         self._loading = False  # load() is (or is to be) under way, on another thread
+        self._floor = 0  # records up to this seq can never count again: load() leaves them out
 
     @property
     def segment_count(self) -> int:
@@ -162,18 +163,35 @@ class KeyReader(JournalMeta):
     def load(self) -> None:
         """Read the segments up to the sizes :meth:`attach_log` noted (without the lock)."""
         noted, self._noted = self._noted, {}
-        if not self._ends and noted:  # a first reading: room for about as many keys as the log holds
+        self._floor = max(self._floor, self._bound_floor(noted))
+        if not self._ends and noted:  # a first reading: room for about as many keys as it takes
             first = min(noted)
             sample = os.pread(self._fds[first], _SAMPLE_READ, 0)
             offsets = [offset for offset, _ in records(sample)]
             if len(offsets) > 1:
-                self.table.reserve(int(sum(noted.values()) / (offsets[-1] / (len(offsets) - 1))))
+                size = offsets[-1] / (len(offsets) - 1)
+                self.table.reserve(int(min(sum(noted.values()), self.max_keys * size + noted[max(noted)]) / size))
         for number in sorted(noted):
             start = self._ends.get(number, 0)
             if noted[number] > start:
                 self._read(number, start, noted[number], cut=False)
         if not self.stop_loading:
             self._loading = False
+
+    def _bound_floor(self, noted: dict[int, int]) -> int:
+        """The seq up to which no record can count, whatever comes later: the newest segment
+        with a whole first record starts at seq s, the newest flush (one segment's) starts at
+        or after s, so a seq at most s - max_keys is past the bound and not of the newest flush.
+        0 when no segment's first record reads whole. So a start holds at most ``max_keys``
+        plus a segment of keys, even over a log written under a higher bound."""
+        for number in sorted(noted, reverse=True):
+            head = os.pread(self._fds[number], _RECORD_READ, 0)
+            if len(head) >= 4 and (length := int.from_bytes(head[:4], "big")) > len(head):
+                head = os.pread(self._fds[number], min(length, noted[number]), 0)
+            found = decode(head, 0, min(len(head), noted[number]))
+            if found is not None:
+                return max(0, found[0].seq - self.max_keys)
+        return 0
 
     def refresh(self) -> None:
         """Read what was appended since this process last read (under the lock, after
@@ -242,7 +260,7 @@ class KeyReader(JournalMeta):
         table, same = self.table, self._same
         hashes, places, mask, limit = table.slots()
         cutoff = time.time() - self.window
-        newest, flush_first, last = self.newest, self._flush_first, -1
+        newest, flush_first, last, floor = self.newest, self._flush_first, -1, self._floor
         at, end = 0, len(buf)
         while at + FIXED <= end:
             length, crc = unpack_head(view, at)
@@ -256,7 +274,7 @@ class KeyReader(JournalMeta):
                 newest, last = seq, at
                 if flags & FIRST:
                     flush_first = seq
-                if stored >= cutoff:
+                if stored >= cutoff and seq > floor:
                     key = buf[at + FIXED : at + FIXED + key_length]
                     h = hash(key) or 1
                     i = h & mask
