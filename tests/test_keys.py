@@ -367,3 +367,24 @@ def test_a_start_with_a_lower_bound_holds_the_bound_plus_one_segment_of_keys_not
     again = opened(tmp_path, max_keys=256, segment_bytes=4000)
     assert again.keys.table.size <= 256 + per_segment
     assert _replayed(again, keys[-1], keys[-256], keys[0]) == [True, True, False]
+
+
+def test_a_damaged_record_inside_the_log_costs_its_own_key_only_and_cuts_no_committed_one(tmp_path: Path) -> None:
+    """A record whose CRC fails with whole records after it (a bad sector, not a torn append):
+    the records after it are committed keys; reading goes on past it, and nothing is cut."""
+    journal = opened(tmp_path)
+    for key in ("before", "damaged", "after"):
+        commit_keys(journal, claims(key))
+    journal.close()
+    segment = tmp_path / segment_name(1)
+    data = bytearray(segment.read_bytes())
+    (_, _), (middle, record), (last, _) = records(bytes(data))
+    data[middle + len(encode(*record)) - 1] ^= 0xFF  # the damaged record's last byte: its CRC fails
+    segment.write_bytes(bytes(data))
+    assert [r.key for _, r in records(bytes(data))] == [b"before"]  # precondition: reading stops at it
+    again = opened(tmp_path)
+    assert _replayed(again, "after", "before") == [True, True]
+    assert segment.read_bytes()[: len(data)] == bytes(data)  # nothing cut
+    again.close()
+    third = opened(tmp_path)
+    assert _replayed(third, "after", "before") == [True, True]

@@ -93,8 +93,9 @@ class KeyExpiry(KeyReader):
                 self._walk_buf = os.pread(fd, min(max(_WALK_READ, length), end - offset), offset)
                 self._walk_base = offset
                 found = decode(self._walk_buf, 0, len(self._walk_buf))
-                if found is None:  # cannot be: it was read whole once
-                    self._walk = (number, end)
+                if found is None:  # damaged since, or skipped when read (tiny.keyload): step over it
+                    past = self._past_damage(fd, offset, end)
+                    self._walk = (number, end if past < 0 else past)
                     continue
                 return found[0], place(number, offset), offset + (found[1])
             return found[0], place(number, offset), self._walk_base + found[1]

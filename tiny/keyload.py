@@ -185,12 +185,9 @@ class KeyReader(JournalMeta):
         0 when no segment's first record reads whole. So a start holds at most ``max_keys``
         plus a segment of keys, even over a log written under a higher bound."""
         for number in sorted(noted, reverse=True):
-            head = os.pread(self._fds[number], _RECORD_READ, 0)
-            if len(head) >= 4 and (length := int.from_bytes(head[:4], "big")) > len(head):
-                head = os.pread(self._fds[number], min(length, noted[number]), 0)
-            found = decode(head, 0, min(len(head), noted[number]))
+            found = self._record_in(self._fds[number], 0, noted[number]) if noted[number] else None
             if found is not None:
-                return max(0, found[0].seq - self.max_keys)
+                return max(0, found.seq - self.max_keys)
         return 0
 
     def refresh(self) -> None:
@@ -231,8 +228,32 @@ class KeyReader(JournalMeta):
 
     def _read(self, number: int, start: int, stop: int, cut: bool) -> int:
         """Take the whole records of segment ``number`` between ``start`` and ``stop``; returns
-        where they end. A torn one stops the reading; ``cut`` (the lock held): it is cut off."""
+        where they end. A damaged record with whole ones after it is skipped (its key is lost,
+        theirs are read); a torn one at the end stops the reading; ``cut`` (the lock held): it
+        is cut off."""
         fd = self._fds[number]
+        while True:
+            start = self._read_whole(number, fd, start, stop)
+            if start >= stop or self.stop_loading:
+                return start
+            past = self._past_damage(fd, start, stop)
+            if past < 0:
+                break
+            log.warning(
+                "skipped a damaged record in the key log %s at %d (its key is lost)", segment_name(number), start
+            )
+            start = self._ends[number] = past
+        if cut and number == self._segment:
+            log.warning("cut a torn record off the key log %s at %d of %d", segment_name(number), start, stop)
+            os.ftruncate(fd, start)
+        elif number != self._segment:
+            log.warning("skipped a torn record in the key log %s at %d", segment_name(number), start)
+            self._ends[number] = stop
+        return start
+
+    def _read_whole(self, number: int, fd: int, start: int, stop: int) -> int:
+        """Take the records of segment ``number`` from ``start`` up to ``stop`` or the first that
+        does not read whole; returns where they end."""
         while start < stop and not self.stop_loading:
             buf = os.pread(fd, min(stop - start, _LOAD_READ), start)
             at, end = self._take(buf, place(number, start))
@@ -241,14 +262,27 @@ class KeyReader(JournalMeta):
             self._ends[number] = start
             if end == 0 or (at < end and (reached or at == 0)):
                 break  # a torn record: the bytes left do not make one
-        if start < stop and not self.stop_loading:
-            if cut and number == self._segment:
-                log.warning("cut a torn record off the key log %s at %d of %d", segment_name(number), start, stop)
-                os.ftruncate(fd, start)
-            elif number != self._segment:
-                log.warning("skipped a torn record in the key log %s at %d", segment_name(number), start)
-                self._ends[number] = stop
         return start
+
+    def _past_damage(self, fd: int, at: int, stop: int) -> int:
+        """The offset after the record at ``at``, which does not read whole, when its length
+        leads to a whole record before ``stop``: damage inside a committed record (a bad
+        sector, a stray write), not a torn append, which only ever ends a segment. -1 otherwise
+        (its length damaged too, or nothing whole after it: a torn tail)."""
+        head = os.pread(fd, 4, at)
+        after = at + int.from_bytes(head, "big") if len(head) == 4 else stop
+        if after - at < FIXED or after >= stop:
+            return -1
+        found = self._record_in(fd, after, stop)
+        return after if found is not None else -1
+
+    def _record_in(self, fd: int, offset: int, stop: int) -> Record | None:
+        """The whole record at ``offset`` of a segment, not past ``stop``, or None."""
+        head = os.pread(fd, min(_RECORD_READ, stop - offset), offset)
+        if len(head) >= 4 and (length := int.from_bytes(head[:4], "big")) > len(head):
+            head = os.pread(fd, min(length, stop - offset), offset)
+        found = decode(head, 0, len(head))
+        return None if found is None else found[0]
 
     def _take(self, buf: bytes, base: int) -> tuple[int, int]:
         """Take the whole records of ``buf`` (at place ``base``) into memory: (the end of the
