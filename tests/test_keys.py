@@ -17,7 +17,7 @@ from tiny.commit import Claim, Refused, Stored, Unavailable
 from tiny.commit.local import LocalCommit
 from tiny.files import size_of
 from tiny.intent import FileSpan
-from tiny.keylog import FIRST, KeyTable, encode, records, segment_name
+from tiny.keylog import FIRST, KeyTable, encode, records, segment_name, segment_number
 
 
 def _replayed(journal: object, *keys: str) -> list[bool]:
@@ -388,3 +388,20 @@ def test_a_damaged_record_inside_the_log_costs_its_own_key_only_and_cuts_no_comm
     again.close()
     third = opened(tmp_path)
     assert _replayed(third, "after", "before") == [True, True]
+
+
+def test_a_journal_idle_while_another_filled_and_expired_segments_reads_on_from_the_oldest_left(tmp_path: Path) -> None:
+    """Two journals of one data dir: while one is idle, the other fills segments past it and
+    its expiry deletes the next one the idle one would read. The idle one's next flush finds
+    the keys of the segments left, and appends to the newest (no segment made again)."""
+    busy, idle = opened(tmp_path, window=0.3, segment_bytes=1000), opened(tmp_path, window=0.3, segment_bytes=1000)
+    commit_keys(idle, claims("idle-first", answer=b"x" * 100))
+    for n in range(30):
+        commit_keys(busy, claims(f"old{n}", answer=b"x" * 100))
+    time.sleep(0.4)
+    for n in range(30):
+        commit_keys(busy, claims(f"new{n}", digest=b"dn", answer=b"x" * 100))
+    left = [segment_number(p.name) for p in layout.state_dir(tmp_path).joinpath("keys").iterdir()]
+    assert 2 not in left and max(left) > 3  # precondition: the idle one's next segment is gone
+    assert commit_keys(idle, claims("new29", "new0")).decisions == [Stored(b"dn", b"x" * 100)] * 2
+    assert 2 not in [segment_number(p.name) for p in layout.state_dir(tmp_path).joinpath("keys").iterdir()]

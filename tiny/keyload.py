@@ -212,9 +212,24 @@ class KeyReader(JournalMeta):
                 )
             if end < self.segment_bytes:
                 return
-            if self._open_segment(number + 1) is None:
+            following = self._next_segment(number)
+            if following is None:
                 return
-            self._segment = number + 1
+            self._segment = following
+
+    def _next_segment(self, number: int) -> int | None:
+        """Open the segment after ``number``, full: the next number, or, when another process's
+        expiry deleted that one before this process read it (its keys no longer count), the
+        oldest left after it. None when the log has none after it yet."""
+        if self._open_segment(number + 1) is not None:
+            return number + 1
+        for later in self.segments():
+            if later > number + 1 and self._open_segment(later) is not None:
+                log.warning(
+                    "the key log's segments %d to %d were expired by another process first", number + 1, later - 1
+                )
+                return later
+        return None
 
     def _open_segment(self, number: int) -> int | None:
         try:
