@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import random
+import re
+import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +22,7 @@ from tiny.commit.local import LocalCommit
 from tiny.files import size_of
 from tiny.intent import FileSpan
 from tiny.keylog import FIRST, KeyTable, encode, records, segment_name, segment_number
+from tiny.testing import ROOT
 
 
 def _replayed(journal: object, *keys: str) -> list[bool]:
@@ -405,3 +410,41 @@ def test_a_journal_idle_while_another_filled_and_expired_segments_reads_on_from_
     assert 2 not in left and max(left) > 3  # precondition: the idle one's next segment is gone
     assert commit_keys(idle, claims("new29", "new0")).decisions == [Stored(b"dn", b"x" * 100)] * 2
     assert 2 not in [segment_number(p.name) for p in layout.state_dir(tmp_path).joinpath("keys").iterdir()]
+
+
+_EXPIRE_A_SEGMENT = """
+import sys, time
+from pathlib import Path
+from tests.journal_support import claims, commit_keys, opened
+journal = opened(Path(sys.argv[1]), window=0.2, segment_bytes=1000, fsync=True)
+for n in range(15):
+    commit_keys(journal, claims(f"old{n}", answer=b"x" * 100))
+time.sleep(0.3)
+for n in range(15):
+    commit_keys(journal, claims(f"new{n}", answer=b"x" * 100))
+"""
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is installed by make sysdeps")
+def test_with_fsync_a_segment_expiry_deletes_is_forgotten_durably_before_it_goes(tmp_path: Path) -> None:
+    """Committed sizes are never synced (a slot lost is a weaker check), but the forgetting of
+    a segment must be on disk before its deletion: otherwise a power loss that kept the
+    deletion and lost the forgetting refuses the next start (a committed segment missing)."""
+    trace = tmp_path / "trace"
+    subprocess.run(
+        ["strace", "-f", "-qq", "-y", "-e", "trace=pwrite64,fsync,fdatasync,unlink,unlinkat", "-o", str(trace)]
+        + [sys.executable, "-c", _EXPIRE_A_SEGMENT, str(tmp_path / "data")],
+        check=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    unsynced, deleted = False, 0
+    for line in trace.read_text().splitlines():
+        if re.search(r"pwrite64\(\d+<[^>]*/\.tiny/sizes>", line):
+            unsynced = True
+        elif re.search(r"f(data)?sync\(\d+<[^>]*/\.tiny/sizes>", line):
+            unsynced = False
+        elif re.search(r"unlink(at)?\(.*/\.tiny/keys/\d{8}\.log\"", line):
+            assert not unsynced, "a segment was deleted before its forgotten size was fsynced"
+            deleted += 1
+    assert deleted >= 1  # precondition: expiry deleted a segment

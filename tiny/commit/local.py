@@ -307,9 +307,14 @@ class LocalCommit:
             raise
 
     def _forget_size(self, name: str) -> None:
-        """A key log segment deleted by expiry: its committed size is no longer expected."""
+        """A key log segment deleted by expiry: its committed size is no longer expected. With
+        fsync, durably so before the deletion: slots are never synced otherwise (a slot lost
+        to a power loss is a weaker check), but a deletion that outlived a forgetting lost with
+        it would be a false refusal at the next start (a committed segment missing)."""
         if self.intent.sizes is not None:
             self.intent.sizes.forget(name)
+            if self.fsync:
+                self.intent.sizes.sync()
 
     def _roll_back(self, flush: FileFlush) -> None:
         """Cut a failed flush's files back and mark its intent undone; if that fails too, the
