@@ -225,9 +225,7 @@ class KeyReader(JournalMeta):
             return number + 1
         for later in self.segments():
             if later > number + 1 and self._open_segment(later) is not None:
-                log.warning(
-                    "the key log's segments %d to %d were expired by another process first", number + 1, later - 1
-                )
+                log.info("the key log's segments %d to %d were expired by another process first", number + 1, later - 1)
                 return later
         return None
 
