@@ -448,3 +448,17 @@ def test_with_fsync_a_segment_expiry_deletes_is_forgotten_durably_before_it_goes
             assert not unsynced, "a segment was deleted before its forgotten size was fsynced"
             deleted += 1
     assert deleted >= 1  # precondition: expiry deleted a segment
+
+
+def test_an_older_segment_cut_under_a_running_server_refuses_a_retry_of_its_keys(tmp_path: Path) -> None:
+    """Not the newest segment: no fstat of it sees the cut, but a key whose record can no longer
+    be read back is refused, never taken for new (its batch would be written again)."""
+    journal = opened(tmp_path, segment_bytes=1000)
+    for n in range(20):
+        commit_keys(journal, claims(f"k{n}", answer=b"x" * 100))
+    first = tmp_path / segment_name(1)
+    assert (tmp_path / segment_name(2)).exists()  # precondition: the first segment is not the newest
+    os.truncate(first, 10)
+    with pytest.raises(Refused, match="cannot be read back"):
+        commit_keys(journal, claims("k0"))
+    assert _replayed(journal, "k19") == [True]  # keys of the segments left still answer

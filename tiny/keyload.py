@@ -93,6 +93,7 @@ class KeyReader(JournalMeta):
         self._want = b""  # the key a table probe confirms (_same)
         self._seen: Record | None = None  # the record the last confirmed probe read
         self._loading = False  # load() is (or is to be) under way, on another thread
+        self.unreadable = -1  # the place of a record read whole once that no longer is (_record_at)
         self._floor = 0  # records up to this seq can never count again: load() leaves them out
 
     @property
@@ -355,15 +356,21 @@ class KeyReader(JournalMeta):
         return record is not None and record.key == self._want
 
     def _record_at(self, where: int) -> Record | None:
+        """The record at place ``where``, read whole once; None when its segment is gone from
+        this process (expired), or when it no longer reads whole: then ``unreadable`` is set
+        (its segment was cut or overwritten under the server)."""
         number, offset = split(where)
         fd = self._fds.get(number)
         if fd is None:
             return None
         head = os.pread(fd, _RECORD_READ, offset)
         if len(head) >= 4 and (length := int.from_bytes(head[:4], "big")) > len(head):
-            head = os.pread(fd, length, offset)
+            head = os.pread(fd, min(length, _LOAD_READ), offset)  # (a longer one could not have been read)
         found = decode(head, 0, len(head))
-        return None if found is None else found[0]
+        if found is None:
+            self.unreadable = where
+            return None
+        return found[0]
 
     def is_stored(self, key: str) -> bool:
         """Whether the log holds ``key``, however old (an intent of the previous format names its

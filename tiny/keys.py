@@ -33,7 +33,8 @@ from collections.abc import Sequence
 
 from tiny.commit import Claim, Stored
 from tiny.keyexpiry import EXPIRE_SLACK, KeyExpiry
-from tiny.keylog import FIRST, FIXED, KEY_LENGTH_AT, encode, key_hash, place, segment_name
+from tiny.keylog import FIRST, FIXED, KEY_LENGTH_AT, encode, key_hash, place, segment_name, split
+from tiny.refusals import Found
 
 
 class KeyStore(KeyExpiry):
@@ -94,8 +95,15 @@ class KeyStore(KeyExpiry):
 
     def _counting(self, key: bytes, h: int, now: float) -> Stored | None:
         """The digest and answer of ``key`` (hash ``h``) if it counts (see the module docstring), or None."""
-        self._want = key
+        self._want, self.unreadable = key, -1
         if self.table.find(h, self._same) < 0 or self._seen is None:
+            if self.unreadable >= 0:  # a record of this hash (of this key, but for a 2**-64 chance) is lost
+                number, offset = split(self.unreadable)
+                raise Found(
+                    f"the key log {segment_name(number)} no longer holds the record at {offset} this server read "
+                    "from it: a key of a committed flush cannot be read back (its segment cut or overwritten under "
+                    "the server)"
+                )
             return None
         record = self._seen
         if record.stored < now - self.window:
