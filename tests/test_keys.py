@@ -462,3 +462,16 @@ def test_an_older_segment_cut_under_a_running_server_refuses_a_retry_of_its_keys
     with pytest.raises(Refused, match="cannot be read back"):
         commit_keys(journal, claims("k0"))
     assert _replayed(journal, "k19") == [True]  # keys of the segments left still answer
+
+
+def test_a_segment_deleted_by_hand_before_an_idle_journal_read_it_refuses_its_next_keyed_flush(tmp_path: Path) -> None:
+    """Unlike a segment expiry deleted (its committed size forgotten first), one deleted by
+    hand still has its committed size: its keys count, so the idle journal refuses."""
+    busy, idle = opened(tmp_path, segment_bytes=1000), opened(tmp_path, segment_bytes=1000)
+    commit_keys(idle, claims("idle-first", answer=b"x" * 100))
+    for n in range(30):
+        commit_keys(busy, claims(f"k{n}", answer=b"x" * 100))
+    os.unlink(tmp_path / segment_name(2))
+    assert (tmp_path / segment_name(3)).exists()  # precondition: segments after it are left
+    with pytest.raises(Refused, match="deleted"):
+        commit_keys(idle, claims("k29"))

@@ -32,6 +32,7 @@ import os
 import sqlite3
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from tiny.files import fsync_dir
@@ -76,6 +77,7 @@ class KeyReader(JournalMeta):
         self.last: tuple[str, int, float] | None = None  # the newest key read: (key, seq, stored)
         self._dir = str(self.data_dir / KEYS_DIR)
         self.stop_loading = False  # set (another thread) to stop a load() under way: the journal closes
+        self.committed_size: Callable[[str], int] = lambda name: 0  # a file's committed size (0: none known)
         self._reset()
 
     def _reset(self) -> None:
@@ -225,7 +227,15 @@ class KeyReader(JournalMeta):
         if self._open_segment(number + 1) is not None:
             return number + 1
         for later in self.segments():
-            if later > number + 1 and self._open_segment(later) is not None:
+            if later <= number + 1:
+                continue
+            for gone in range(number + 1, later):
+                if self.committed_size(segment_name(gone)):  # expiry forgets it before it deletes
+                    raise Found(
+                        f"the key log {segment_name(gone)} was deleted under the running server before it read "
+                        "its committed keys (expiry forgets a segment's committed size first; this one's is known)"
+                    )
+            if self._open_segment(later) is not None:
                 log.info("the key log's segments %d to %d were expired by another process first", number + 1, later - 1)
                 return later
         return None

@@ -93,6 +93,7 @@ class LocalCommit:
             segment_bytes=segment_bytes,
         )
         self.keys.on_drop = self._forget_size
+        self.keys.committed_size = self._committed_size
         self.lock = FlushLock(self.data_dir, lock_timeout)
         self.intent = IntentFile(self.data_dir, fsync)
         self.appender = Appender(self.data_dir, self.lock, self.intent, headers=headers or {}, fsync=fsync)
@@ -305,6 +306,9 @@ class LocalCommit:
             self.keys.rollback()
             self._roll_back(flush)  # before any answer: a failed flush keeps nothing, its keys included
             raise
+
+    def _committed_size(self, name: str) -> int:
+        return 0 if self.intent.sizes is None else self.intent.sizes.known(name)
 
     def _forget_size(self, name: str) -> None:
         """A key log segment deleted by expiry: its committed size is no longer expected. With
