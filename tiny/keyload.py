@@ -12,12 +12,21 @@ Reading, in three steps (:class:`KeyReader`):
   format has its keys copied into the first segment first (written aside, synced, renamed).
 - :meth:`KeyReader.load`, without the lock, on a thread of its own (tiny.commit.local): reads
   the noted bytes; :attr:`KeyReader.stop_loading`, set from another thread, stops it between
-  reads. Until it ends, :meth:`KeyReader.is_stored` scans the files instead of the table.
+  reads. Until it ends, :meth:`KeyReader.is_stored` scans the files instead of the table. Keys
+  more than ``max_keys`` older than the newest segment's first can never count again: they are
+  left out, so memory holds at most ``max_keys`` plus one segment's keys, whatever the log.
 - :meth:`KeyReader.refresh`, under the lock, after recovery, at each flush with keys: an
   ``fstat`` of the newest segment and, when it grew, a ``pread`` of the new records (other
-  processes' and servers'). A torn record at the end of the newest segment is cut off
-  (``ftruncate``: only under the lock); one inside an older segment is skipped with a warning.
-  A newest segment shorter than what was read from it stops writes (Found).
+  processes' and servers'); past a full segment, the next one, or the oldest left when another
+  process's expiry deleted it first (one whose committed size is still known was deleted by
+  hand: Found). A newest segment shorter than what was read from it stops writes (Found).
+
+Damage: a record that does not read whole at the end of the newest segment is torn (a power
+loss inside an append) and cut off (``ftruncate``: only under the lock); one at the end of an
+older segment is skipped with a warning. One whose length leads to a whole record is damaged
+inside the log (a bad sector): it is stepped over with a warning, the records after it read,
+nothing cut. A record read whole once that no longer reads back (a lookup's ``pread``) sets
+``unreadable``, and tiny.keys refuses the flush (its segment was cut under the server).
 
 Locking: every method but :meth:`KeyReader.load` and :meth:`KeyReader.close` expects the flush
 lock held by the caller, and one thread; ``load`` only reads below the noted sizes, which no
