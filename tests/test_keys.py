@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import random
+import re
+import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +21,8 @@ from tiny.commit import Claim, Refused, Stored, Unavailable
 from tiny.commit.local import LocalCommit
 from tiny.files import size_of
 from tiny.intent import FileSpan
-from tiny.keylog import FIRST, KeyTable, encode, records, segment_name
+from tiny.keylog import FIRST, KeyTable, encode, records, segment_name, segment_number
+from tiny.testing import ROOT
 
 
 def _replayed(journal: object, *keys: str) -> list[bool]:
@@ -351,3 +356,122 @@ def test_an_upgrade_over_a_flush_of_the_previous_format_killed_after_its_keys_co
     again = opened(tmp_path)
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"
     assert commit_keys(again, claims("k1")).decisions == [Stored(b"d", b"a")]
+
+
+def test_a_start_with_a_lower_bound_holds_the_bound_plus_one_segment_of_keys_not_the_whole_log(tmp_path: Path) -> None:
+    """--idempotency-max-keys lowered over a log written under a higher one: the start leaves
+    out the keys that cannot count (older than the bound before the newest segment's first)."""
+    journal = opened(tmp_path, segment_bytes=4000)
+    keys = [f"key-{n}" for n in range(3000)]
+    for start in range(0, len(keys), 250):
+        commit_keys(journal, claims(*keys[start : start + 250], answer=b"answer"))
+    journal.close()
+    segments = sorted(layout.state_dir(tmp_path).joinpath("keys").iterdir())
+    per_segment = max(len(list(records(segment.read_bytes()))) for segment in segments)
+    assert len(segments) >= 10 and per_segment == 250
+    again = opened(tmp_path, max_keys=256, segment_bytes=4000)
+    assert again.keys.table.size <= 256 + per_segment
+    assert _replayed(again, keys[-1], keys[-256], keys[0]) == [True, True, False]
+
+
+def test_a_damaged_record_inside_the_log_costs_its_own_key_only_and_cuts_no_committed_one(tmp_path: Path) -> None:
+    """A record whose CRC fails with whole records after it (a bad sector, not a torn append):
+    the records after it are committed keys; reading goes on past it, and nothing is cut."""
+    journal = opened(tmp_path)
+    for key in ("before", "damaged", "after"):
+        commit_keys(journal, claims(key))
+    journal.close()
+    segment = tmp_path / segment_name(1)
+    data = bytearray(segment.read_bytes())
+    (_, _), (middle, record), (last, _) = records(bytes(data))
+    data[middle + len(encode(*record)) - 1] ^= 0xFF  # the damaged record's last byte: its CRC fails
+    segment.write_bytes(bytes(data))
+    assert [r.key for _, r in records(bytes(data))] == [b"before"]  # precondition: reading stops at it
+    again = opened(tmp_path)
+    assert _replayed(again, "after", "before") == [True, True]
+    assert segment.read_bytes()[: len(data)] == bytes(data)  # nothing cut
+    again.close()
+    third = opened(tmp_path)
+    assert _replayed(third, "after", "before") == [True, True]
+
+
+def test_a_journal_idle_while_another_filled_and_expired_segments_reads_on_from_the_oldest_left(tmp_path: Path) -> None:
+    """Two journals of one data dir: while one is idle, the other fills segments past it and
+    its expiry deletes the next one the idle one would read. The idle one's next flush finds
+    the keys of the segments left, and appends to the newest (no segment made again)."""
+    busy, idle = opened(tmp_path, window=0.3, segment_bytes=1000), opened(tmp_path, window=0.3, segment_bytes=1000)
+    commit_keys(idle, claims("idle-first", answer=b"x" * 100))
+    for n in range(30):
+        commit_keys(busy, claims(f"old{n}", answer=b"x" * 100))
+    time.sleep(0.4)
+    for n in range(30):
+        commit_keys(busy, claims(f"new{n}", digest=b"dn", answer=b"x" * 100))
+    left = [segment_number(p.name) for p in layout.state_dir(tmp_path).joinpath("keys").iterdir()]
+    assert 2 not in left and max(left) > 3  # precondition: the idle one's next segment is gone
+    assert commit_keys(idle, claims("new29", "new0")).decisions == [Stored(b"dn", b"x" * 100)] * 2
+    assert 2 not in [segment_number(p.name) for p in layout.state_dir(tmp_path).joinpath("keys").iterdir()]
+
+
+_EXPIRE_A_SEGMENT = """
+import sys, time
+from pathlib import Path
+from tests.journal_support import claims, commit_keys, opened
+journal = opened(Path(sys.argv[1]), window=0.2, segment_bytes=1000, fsync=True)
+for n in range(15):
+    commit_keys(journal, claims(f"old{n}", answer=b"x" * 100))
+time.sleep(0.3)
+for n in range(15):
+    commit_keys(journal, claims(f"new{n}", answer=b"x" * 100))
+"""
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is installed by make sysdeps")
+def test_with_fsync_a_segment_expiry_deletes_is_forgotten_durably_before_it_goes(tmp_path: Path) -> None:
+    """Committed sizes are never synced (a slot lost is a weaker check), but the forgetting of
+    a segment must be on disk before its deletion: otherwise a power loss that kept the
+    deletion and lost the forgetting refuses the next start (a committed segment missing)."""
+    trace = tmp_path / "trace"
+    subprocess.run(
+        ["strace", "-f", "-qq", "-y", "-e", "trace=pwrite64,fsync,fdatasync,unlink,unlinkat", "-o", str(trace)]
+        + [sys.executable, "-c", _EXPIRE_A_SEGMENT, str(tmp_path / "data")],
+        check=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    unsynced, deleted = False, 0
+    for line in trace.read_text().splitlines():
+        if re.search(r"pwrite64\(\d+<[^>]*/\.tiny/sizes>", line):
+            unsynced = True
+        elif re.search(r"f(data)?sync\(\d+<[^>]*/\.tiny/sizes>", line):
+            unsynced = False
+        elif re.search(r"unlink(at)?\(.*/\.tiny/keys/\d{8}\.log\"", line):
+            assert not unsynced, "a segment was deleted before its forgotten size was fsynced"
+            deleted += 1
+    assert deleted >= 1  # precondition: expiry deleted a segment
+
+
+def test_an_older_segment_cut_under_a_running_server_refuses_a_retry_of_its_keys(tmp_path: Path) -> None:
+    """Not the newest segment: no fstat of it sees the cut, but a key whose record can no longer
+    be read back is refused, never taken for new (its batch would be written again)."""
+    journal = opened(tmp_path, segment_bytes=1000)
+    for n in range(20):
+        commit_keys(journal, claims(f"k{n}", answer=b"x" * 100))
+    first = tmp_path / segment_name(1)
+    assert (tmp_path / segment_name(2)).exists()  # precondition: the first segment is not the newest
+    os.truncate(first, 10)
+    with pytest.raises(Refused, match="cannot be read back"):
+        commit_keys(journal, claims("k0"))
+    assert _replayed(journal, "k19") == [True]  # keys of the segments left still answer
+
+
+def test_a_segment_deleted_by_hand_before_an_idle_journal_read_it_refuses_its_next_keyed_flush(tmp_path: Path) -> None:
+    """Unlike a segment expiry deleted (its committed size forgotten first), one deleted by
+    hand still has its committed size: its keys count, so the idle journal refuses."""
+    busy, idle = opened(tmp_path, segment_bytes=1000), opened(tmp_path, segment_bytes=1000)
+    commit_keys(idle, claims("idle-first", answer=b"x" * 100))
+    for n in range(30):
+        commit_keys(busy, claims(f"k{n}", answer=b"x" * 100))
+    os.unlink(tmp_path / segment_name(2))
+    assert (tmp_path / segment_name(3)).exists()  # precondition: segments after it are left
+    with pytest.raises(Refused, match="deleted"):
+        commit_keys(idle, claims("k29"))

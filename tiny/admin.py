@@ -74,8 +74,8 @@ from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
 from tiny.config import host_name, seconds
 from tiny.files import size_of
+from tiny.journal_meta import MODES, stored_mode
 from tiny.keylog import KEYS_DIR, records, segment_number
-from tiny.keys import MODES, stored_mode
 from tiny.refusals import Found
 
 log = logging.getLogger("tiny.admin")

@@ -168,6 +168,10 @@ class SizeTable:
             os.pwrite(self._fd, bytes(SLOT), offset)
         self._slots.pop(name, None)
 
+    def sync(self) -> None:
+        """Make the slots written so far durable (before a file they forgot is deleted)."""
+        os.fsync(self._fd)
+
     def accept(self, name: str, size: int) -> None:
         """``name`` is committed up to ``size`` only (less than recorded): its first slot says
         so, any other is zeroed."""

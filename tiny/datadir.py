@@ -95,6 +95,16 @@ def open_journal(
     return identity
 
 
+def close_files(lock: FlushLock, intent: IntentFile, keys: KeyStore) -> None:
+    """Close the keys, the intent (and its fence) and the sizes; the lock file stays open."""
+    keys.close()
+    lock.fence_fd = -1
+    intent.close()
+    if intent.sizes is not None:
+        intent.sizes.close()
+        intent.sizes = None
+
+
 class _Opening:
     """One opening of a data dir's journal (the lock file's flock held throughout)."""
 
@@ -108,13 +118,7 @@ class _Opening:
         self.local_only = local_only
 
     def close_files(self) -> None:
-        """Close the keys, the intent (and its fence) and the sizes; the lock file stays open."""
-        self.keys.close()
-        self.lock.fence_fd = -1
-        self.intent.close()
-        if self.intent.sizes is not None:
-            self.intent.sizes.close()
-            self.intent.sizes = None
+        close_files(self.lock, self.intent, self.keys)
 
     def attach(self, deadline: float) -> Identity:
         """The existing journal, its identity checked; or the first one, created."""

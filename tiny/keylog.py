@@ -9,7 +9,8 @@ Layout: numbered segments, each a run of records, a record per key a flush store
 ``seq`` numbers the keys in the order they were stored, one after another across segments;
 ``FIRST`` marks the first record of a flush. A record whose length runs past the end of its
 segment, or whose CRC-32 fails, is torn (a crash or a power loss inside its write): reading
-stops there and never takes it, or anything after it, for a key. A segment is appended to until
+stops there and never takes it, or anything after it, for a key (tiny.keyload steps over one
+damaged inside the log, whose length leads to a whole record). A segment is appended to until
 it holds :data:`SEGMENT_BYTES`; the next record goes to the next number. Expiry drops whole
 segments, oldest first, once every key of one is past the window or the bound: there is no
 rewrite, since keys only ever leave in the order they came (the oldest first).

@@ -61,10 +61,11 @@ from typing import Any
 from tiny import __version__, codec, descriptors, metrics, profiling
 from tiny.analytics import cpu
 from tiny.commit import CommitError
+from tiny.commit.local import LocalCommit
 from tiny.config import Config
 from tiny.follower_status import FollowerStatus, busy_bound
 from tiny.heartbeat import Heartbeats
-from tiny.worker import local_commit, run_worker
+from tiny.worker import run_worker
 
 log = logging.getLogger("tiny.prefork")
 _RESTART_BACKOFF_SECONDS = 1.0
@@ -229,7 +230,7 @@ def _data_dir_usable(config: Config) -> bool:
         from tiny.follower import check_at_start  # psycopg: cluster mode only
 
         return check_at_start(config)
-    journal = local_commit(config)
+    journal = LocalCommit.from_config(config)
     try:
         journal.open(accept_new=config.new_journal, keys=False)
     except CommitError as exc:

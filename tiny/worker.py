@@ -26,7 +26,6 @@ import signal
 import socket
 import sqlite3
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 from tiny import codec, descriptors, layout, limits
@@ -55,22 +54,6 @@ _PARENT_POLL_SECONDS = 0.5
 _STUCK = -1  # _serve's code when the sink thread hung in a flush
 _SYNC_WAIT = 2.0  # seconds a stopping worker waits for the aggregate store's write lock
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-def local_commit(config: Config, headers: Mapping[str, bytes] | None = None, crash_at: str = "") -> LocalCommit:
-    """The data dir's journal as the flags set it: the parent's check at start opens it bare; a
-    worker adds what its flushes write with (the day files' header, the crash points)."""
-    return LocalCommit(
-        config.data_dir,
-        fsync=config.durability == "fsync",
-        window=config.idempotency_window,
-        max_keys=config.idempotency_max_keys,
-        mode=config.journal_mode,
-        lock_timeout=config.lock_timeout,
-        cluster=False,
-        headers=headers,
-        crash_at=crash_at,
-    )
 
 
 def run_worker(
@@ -119,7 +102,7 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
             on_outcome=lambda outcome: outcomes[outcome].inc(),
         )
     else:
-        commit_point = journal = local_commit(
+        commit_point = journal = LocalCommit.from_config(
             config, headers={layout.DAY_SUFFIX: layout.HEADER}, crash_at=config.crash_at
         )
     sink = DailyFileSink(

@@ -41,17 +41,21 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tiny import layout, limits
 from tiny.appender import Appender, FileFlush, LockLost
 from tiny.commit import Append, Receipt, Refused, Stored, Unavailable, WriteFailed, keyed_digest
 from tiny.crashpoints import CrashPoints
-from tiny.datadir import open_journal
+from tiny.datadir import close_files, open_journal
 from tiny.files import size_of
 from tiny.flushlock import FlushLock, held_elsewhere
 from tiny.intent import IntentFile
 from tiny.keylog import SEGMENT_BYTES
 from tiny.keys import KeyStore
+
+if TYPE_CHECKING:
+    from tiny.config import Config
 
 log = logging.getLogger("tiny.commit.local")
 
@@ -89,6 +93,7 @@ class LocalCommit:
             segment_bytes=segment_bytes,
         )
         self.keys.on_drop = self._forget_size
+        self.keys.committed_size = self._committed_size
         self.lock = FlushLock(self.data_dir, lock_timeout)
         self.intent = IntentFile(self.data_dir, fsync)
         self.appender = Appender(self.data_dir, self.lock, self.intent, headers=headers or {}, fsync=fsync)
@@ -100,6 +105,22 @@ class LocalCommit:
         self._loader: threading.Thread | None = None  # reads the keys after open()
         self._loader_started = False  # open() was asked for the keys
         self._load_error: Exception | None = None
+
+    @classmethod
+    def from_config(cls, config: Config, **extra: Any) -> LocalCommit:
+        """The journal of ``config``'s data dir for a server of one host, by its flags
+        (durability, the keys' window and bound, journal mode, lock timeout); ``extra``: the
+        other arguments (``headers``, ``crash_at``)."""
+        return cls(
+            config.data_dir,
+            fsync=config.durability == "fsync",
+            window=config.idempotency_window,
+            max_keys=config.idempotency_max_keys,
+            mode=config.journal_mode,
+            lock_timeout=config.lock_timeout,
+            cluster=False,
+            **extra,
+        )
 
     @property
     def is_open(self) -> bool:
@@ -195,12 +216,7 @@ class LocalCommit:
         self._loader_started = False
         self._load_error = None
         self._secret = None
-        self.keys.close()
-        self.lock.fence_fd = -1
-        self.intent.close()
-        if self.intent.sizes is not None:
-            self.intent.sizes.close()
-            self.intent.sizes = None
+        close_files(self.lock, self.intent, self.keys)
         self.lock.close()
 
     def digest(self, body: bytes) -> bytes:
@@ -291,10 +307,18 @@ class LocalCommit:
             self._roll_back(flush)  # before any answer: a failed flush keeps nothing, its keys included
             raise
 
+    def _committed_size(self, name: str) -> int:
+        return 0 if self.intent.sizes is None else self.intent.sizes.known(name)
+
     def _forget_size(self, name: str) -> None:
-        """A key log segment deleted by expiry: its committed size is no longer expected."""
+        """A key log segment deleted by expiry: its committed size is no longer expected. With
+        fsync, durably so before the deletion: slots are never synced otherwise (a slot lost
+        to a power loss is a weaker check), but a deletion that outlived a forgetting lost with
+        it would be a false refusal at the next start (a committed segment missing)."""
         if self.intent.sizes is not None:
             self.intent.sizes.forget(name)
+            if self.fsync:
+                self.intent.sizes.sync()
 
     def _roll_back(self, flush: FileFlush) -> None:
         """Cut a failed flush's files back and mark its intent undone; if that fails too, the
