@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tiny import aggregates
-from tiny.aggregates import Aggregates, Behind, Unavailable
+from tiny.aggregate_errors import Behind, Unavailable
+from tiny.aggregate_generation import read_generation
+from tiny.aggregates import Aggregates
 from tiny.layout import HEADER
 from tiny.testing import sample_csv
 
@@ -268,7 +269,7 @@ def test_a_rebuild_refuses_a_day_file_that_is_a_fifo_and_changes_nothing(tmp_pat
     with pytest.raises(Unavailable, match="2014-05-05.csv is not a regular file but a FIFO"):
         store.rebuild({**sizes_of(tmp_path), "2014-05-05": 0})
     assert counted(store) == Counter({"kept": 10, "*rows": 10})
-    assert store.generation() == aggregates.read_generation(tmp_path) == generation
+    assert store.generation() == read_generation(tmp_path) == generation
 
 
 @pytest.fixture
@@ -312,7 +313,7 @@ def test_the_store_generation_changes_with_a_rebuild(tmp_path: Path) -> None:
     (tmp_path / f"{DAY}.csv").write_bytes(HEADER + b"".join(rows("gen", 1, 10)))
     store = Aggregates(tmp_path)
     store.fold(sizes_of(tmp_path))
-    before = aggregates.read_generation(tmp_path)
+    before = read_generation(tmp_path)
     assert before == store.generation() != 0
     store.rebuild(sizes_of(tmp_path))
-    assert aggregates.read_generation(tmp_path) == store.generation() != before
+    assert read_generation(tmp_path) == store.generation() != before

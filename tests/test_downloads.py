@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support import ROOT, SAMPLE_DAY, Server, package_counts, record, sample_csv, second_day_csv
-from tiny import aggregate_sql, aggregates, badges, codec
+from tiny import aggregate_count, aggregate_sql, aggregates, badges, codec
 from tiny.aggregates import Aggregates
 from tiny.analytics import answers
 from tiny.cran_api import Period, parse_packages, parse_period
@@ -245,7 +245,7 @@ def test_a_row_whose_strings_hold_unicode_line_separators_is_counted(tmp_path: P
     assert store.db.execute("SELECT skipped FROM files").fetchone() == (0,)
 
 
-def sums_of(sums: aggregates.Sums) -> tuple[object, ...]:
+def sums_of(sums: aggregate_count.Sums) -> tuple[object, ...]:
     return (
         sums.rows, sums.bytes, sums.skipped, dict(sums.packages), dict(sums.hours),
         {ip: tuple(totals) for ip, totals in sums.ips.items()}, dict(sums.ip_hours), dict(sums.ip_countries),
@@ -256,8 +256,8 @@ def test_the_compiled_count_equals_the_rule_book_on_the_sample_day() -> None:
     if codec.CODEC != "rust":
         pytest.skip("the compiled codec is not in use (TINY_CODEC=python or not built)")
     block = sample_csv()
-    counted = aggregates.count(block, len(HEADER), len(block))
-    assert sums_of(counted) == sums_of(aggregates.count_reference(block, len(HEADER), len(block)))
+    counted = aggregate_count.count(block, len(HEADER), len(block))
+    assert sums_of(counted) == sums_of(aggregate_count.count_reference(block, len(HEADER), len(block)))
     assert counted.rows == 77_107 and counted.skipped == 0
 
 
@@ -288,7 +288,8 @@ def test_the_compiled_count_equals_the_rule_book_on_any_lines(lines: list[str], 
         pytest.skip("the compiled codec is not in use (TINY_CODEC=python or not built)")
     block = HEADER + b"".join(line.encode() + b"\n" for line in lines) + junk.replace(b"\n", b"") + b"\n"
     start, end = len(HEADER), len(block)
-    assert sums_of(aggregates.count(block, start, end)) == sums_of(aggregates.count_reference(block, start, end))
+    reference = aggregate_count.count_reference(block, start, end)
+    assert sums_of(aggregate_count.count(block, start, end)) == sums_of(reference)
 
 
 def test_a_fold_reads_only_what_was_appended_since_the_last(tmp_path: Path) -> None:
@@ -647,7 +648,7 @@ def test_the_api_counts_a_day_file_cut_back_by_hand_as_it_is_now(tmp_path: Path)
 @pytest.mark.hardening("third 7: rebuild-aggregates did not reach a running server's cached answers")
 def test_rebuild_aggregates_reaches_the_answers_a_running_server_keeps(tmp_path: Path) -> None:
     """A row in the middle of a day file edited by hand, its length kept: the store cannot see
-    that (module tiny.aggregates says so) and the server answers the old counts; after
+    that (module tiny.aggregate_generation says so) and the server answers the old counts; after
     rebuild-aggregates it answers the new ones, with no restart."""
     data = tmp_path / "data"
     data.mkdir()

@@ -24,7 +24,8 @@ import pytest
 
 from tests.support import ROOT, Server, record
 from tiny import unsynced
-from tiny.aggregates import Aggregates, Unavailable, aggregates_path
+from tiny.aggregate_errors import Unavailable
+from tiny.aggregates import Aggregates, aggregates_path
 from tiny.layout import HEADER
 
 DAY = "2014-05-04"

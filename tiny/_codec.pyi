@@ -8,9 +8,9 @@ never raises for any bytes. The constants say what the module is (its version an
 the sources it was built from) and what it enforces; tiny.codec holds them equal to its own.
 
 ``tally(block, start, end)`` counts the day-file lines of ``block[start:end]`` for the aggregate
-store (tiny.aggregates.count): rows, bytes, downloads per package, per hour (24 counts),
+store (tiny.aggregate_count.count): rows, bytes, downloads per package, per hour (24 counts),
 ``[downloads, bytes]`` per ip_id, downloads per ``(ip_id, hour)`` and per ``(ip_id, country)``,
-and the ``(start, end)`` of each line it leaves to the rule book (tiny.aggregates._Sums.add).
+and the ``(start, end)`` of each line it leaves to the rule book (tiny.aggregate_count.Sums.add).
 
 ``count_lines(fd, start, end, tail)`` counts the LFs among bytes ``start..end`` of an open
 file (tiny.analytics.answers.count_rows): the count, the bytes read (fewer at the end of the

@@ -66,7 +66,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tiny import layout
-from tiny.aggregates import Aggregates, Unavailable, aggregates_path
+from tiny.aggregate_errors import Unavailable
+from tiny.aggregates import Aggregates, aggregates_path
 from tiny.cluster.dsn import cluster_string
 from tiny.commit import CommitError, Refused
 from tiny.commit.local import LocalCommit

@@ -8,7 +8,7 @@ The store (tiny.aggregates) is a SQLite file. Its tables, one row per:
 - ``packages``, ``hours``, ``ips``: day and package, hour, ip_id: its downloads (and an
   ip_id's bytes);
 - ``ip_hours``, ``ip_countries``: day, ip_id and hour or country: its downloads;
-- ``meta``: the store's generation (tiny.aggregates.read_generation).
+- ``meta``: the store's generation (tiny.aggregate_generation).
 
 Encodings. SQLite integers are signed 64-bit; ip_ids and sizes are unsigned 64-bit (and byte
 sums grow past 2^64). An ip_id is stored minus 2^63 (:data:`IP_OFFSET`; order kept: the top
@@ -27,7 +27,7 @@ import sqlite3
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from tiny.aggregates import Sums
+    from tiny.aggregate_count import Sums
 
 VERSION = 3  # PRAGMA user_version: a store of another version is emptied and counted again
 HOURS = 24  # the hours of a day (the ``hour`` columns: 0..23, UTC)

@@ -58,11 +58,11 @@ COUNTED_FILES_KEPT = 4096  # day files whose line count a pool process keeps at 
 ANALYTICS_JOB_SECONDS = 60.0  # a pool job running longer is stuck: its process is killed, its pool replaced
 READ_RATE = 2.0  # --read-rate: reads a worker starts per second while ingest requests are in flight in it
 READ_WAIT = 10.0  # seconds a paced read waits for its turn at most; further away: 503 at once
-FOLD_SECONDS = 10.0  # a query is answered within this long (and a fold step) or gets 503 (tiny.aggregates.Behind)
+FOLD_SECONDS = 10.0  # a query is answered within this long (and a fold step) or gets 503 (tiny.aggregate_errors.Behind)
 LATE_SECONDS = 1.0  # past FOLD_SECONDS and this, the worker answers 503 itself (the pool has not reached the query)
 STAT_DAYS = 366  # a query naming at most this many days also versions its answer by their files' stats
 
-# -- folding the aggregates (tiny.aggregates) ---------------------------------------------------
+# -- folding the aggregates (tiny.aggregates, tiny.fold_pace) ------------------------------------
 FOLD_FIRST_STEP = 256 * KiB  # bytes of a process's first fold step, before it has timed one
 FOLD_MIN_STEP = 64 * KiB  # longer than any CRAN row (a record's strings are at most 1,024 characters each)
 FOLD_MAX_STEP = 8 * MiB  # memory stays bounded on a big day

@@ -19,18 +19,18 @@ Both the downloads API (tiny.cran_api) and the dashboard's API and charts
   committed flush's sizes are never written again), and the data dir's own modification
   time (a day file added or removed): an open, a read and a stat, so an unchanged answer
   comes from memory. Either way an answer is also kept under the store's generation it was
-  read from (tiny.aggregates.read_generation), and served only while the store publishes that
+  read from (tiny.aggregate_generation.read_generation), and served only while the store publishes that
   generation: ``tiny-admin rebuild-aggregates``, or a store deleted and made again, reaches
   every kept answer at the next query (one more small read).
 - :func:`fold_job`, in the pool: fold the days up to those sizes (read your writes: an answer
   given after a POST's 200 counts its rows), then answer from the store. A query that cannot
   be brought up to date within FOLD_SECONDS (tiny.limits) of its arrival (rows arrive in that
   day faster than the analytics CPU quota counts them, or its job waited its turn in the pool) stops
-  there, keeping what it counted, and gets :class:`tiny.aggregates.Behind`: a 503 that says
+  there, keeping what it counted, and gets :class:`tiny.aggregate_errors.Behind`: a 503 that says
   what is left, read at that moment. A pool that has not answered LATE_SECONDS after that (its
   process still starting, or busy with the queries ahead of this one) gets the query a
   :class:`tiny.analytics.service.Busy` from the worker instead. The store's errors reach the query as
-  :class:`tiny.aggregates.Unavailable`, saying what they are (a full disk, an I/O error, a
+  :class:`tiny.aggregate_errors.Unavailable`, saying what they are (a full disk, an I/O error, a
   day file that is not a regular file...).
 """
 
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from tiny import layout, limits
-from tiny.aggregates import read_generation
+from tiny.aggregate_generation import read_generation
 
 if TYPE_CHECKING:
     from tiny.aggregates import Aggregates
@@ -99,7 +99,8 @@ def fold_job(
     bytes, with the store's generation it was read from (read before the answer: the answer is
     of that generation or a newer one). ``seen``: the generation the worker read from the
     store's file; when it is not the store's, the file is written again if it says another."""
-    from tiny.aggregates import Aggregates, store_error
+    from tiny.aggregate_errors import store_error
+    from tiny.aggregates import Aggregates
 
     store = _stores.get(data_dir)
     if store is None:

@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 from tiny import codec, descriptors, layout, limits
-from tiny.aggregates import Aggregates, Unavailable
+from tiny.aggregate_errors import Unavailable
+from tiny.aggregates import Aggregates
 from tiny.analytics.service import Analytics
 from tiny.commit import CommitError, CommitPoint
 from tiny.commit.local import LocalCommit

@@ -18,12 +18,13 @@ from typing import Any, ClassVar
 from tiny import aggregate_sql as sql
 from tiny import codec, layout, limits
 from tiny.aggregate_sql import HOURS
-from tiny.aggregates import Aggregates, open_regular
+from tiny.aggregates import Aggregates
 from tiny.analytics import caches, charts
 from tiny.analytics.caches import Cache
 from tiny.analytics.json_bytes import dumps
 from tiny.analytics.names import whale_name
 from tiny.live import Query
+from tiny.regular_files import open_regular
 
 _TAIL = 256
 
@@ -188,7 +189,7 @@ def days(store: Aggregates, dates: list[str], sizes: dict[str, int]) -> list[dic
     that count stopped, if it is the same file (inode) and the bytes just before that point
     are still the same (a flush the sink cut back and rewrote differently, a file replaced,
     gets a full recount). A day file that is not a regular file is refused
-    (tiny.aggregates.NotARegularFile), never opened for reading."""
+    (tiny.regular_files.NotARegularFile), never opened for reading."""
     listed = []
     for day in dates:
         path = layout.day_path(store.data_dir, day)

@@ -48,8 +48,8 @@ class DayFile:
 
 def read_complete_lines(path: str, size: int) -> bytes:
     """The first ``size`` bytes of ``path`` up to and including the last LF among them; a path
-    that is not a regular file is refused (tiny.aggregates.NotARegularFile), never waited on."""
-    from tiny.aggregates import open_regular
+    that is not a regular file is refused (tiny.regular_files.NotARegularFile), never waited on."""
+    from tiny.regular_files import open_regular
 
     fd = open_regular(path)
     try:

@@ -50,10 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from tiny import layout, limits
-from tiny.aggregates import check_regular
 from tiny.analytics import caches, charts, cpu, json_bytes, pool_process, rows
 from tiny.analytics.rows import DayFile
 from tiny.config import Config
+from tiny.regular_files import check_regular
 
 log = logging.getLogger("tiny.analytics")
 
@@ -127,7 +127,7 @@ def _log_failure(done: asyncio.Future[Any]) -> None:
 
 def stat_day(data_dir: Path, date: str) -> DayFile:
     """The current version of ``data_dir/<date>.csv``; DayNotFound if there is none,
-    tiny.aggregates.NotARegularFile if it is a FIFO, a device... (its rows are never read)."""
+    tiny.regular_files.NotARegularFile if it is a FIFO, a device... (its rows are never read)."""
     path = layout.day_path(data_dir, date)
     try:
         st = path.stat()

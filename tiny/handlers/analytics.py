@@ -18,7 +18,7 @@ Errors use the JSON shape of tiny.handlers.base: 400 bad date / ``top`` / ``limi
 process, the data dir's lock or the store is busy, the analytics process died (it is
 restarted on the next query) or the server is shutting down; and while the day is still
 being counted, with what is left beside the message: ``"counting": {"day", "rows_left",
-"bytes_left"}`` (tiny.aggregates.Behind.counting).
+"bytes_left"}`` (tiny.aggregate_errors.Behind.counting).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import orjson
 
 from tiny import layout, limits
-from tiny.aggregates import Behind, Unavailable
+from tiny.aggregate_errors import Behind, Unavailable
 from tiny.analytics import answers, charts, json_bytes, service
 from tiny.handlers.base import APIError, JSONHandler
 from tiny.sink import SinkError

@@ -23,7 +23,7 @@ import sqlite3
 import orjson
 
 from tiny import badges, limits
-from tiny.aggregates import Behind, Unavailable
+from tiny.aggregate_errors import Behind, Unavailable
 from tiny.analytics.service import Busy
 from tiny.cran_api import (
     SUMMARIES,

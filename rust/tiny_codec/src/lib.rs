@@ -13,7 +13,7 @@
 //! - [`batch`]: the body loop (lines, blanks, UTF-8, grouping per day);
 //! - [`runs`]: the scanner's inner loops, 16 bytes at a time;
 //! - [`tally`]: the other way: counting the rows of a day file for the aggregate store
-//!   (`tiny._codec.tally`, tiny/aggregates.py);
+//!   (`tiny._codec.tally`, tiny/aggregate_count.py);
 //! - [`lines`]: counting a day file's lines (`tiny._codec.count_lines`, the dashboard's day list).
 //!
 //! The Python binding (feature `python`, on in wheels built by maturin) releases the GIL

@@ -1,4 +1,4 @@
-//! Counting the rows of a day file: what tiny/aggregates.py's `_Sums.add` adds per row,
+//! Counting the rows of a day file: what tiny/aggregate_count.py's `Sums.add` adds per row,
 //! for the usual row the sink writes, over a whole block of lines at once.
 //!
 //! The contract: for every line of the block, either it is counted here exactly as
