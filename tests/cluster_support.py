@@ -98,6 +98,13 @@ def without_password(cluster: PgCluster, dsn: str, folder: Path) -> str:
 # -- hosts in cluster mode (tiny.testing.Server with --cluster) --------------------------------
 
 
+def host_flags(dsn: str, name: str, role: str) -> list[str]:
+    """The flags of a test's Tiny host: cluster mode on ``dsn`` as ``name`` in ``role``, its
+    analytics pool without CPU quota and idle priority (on a loaded 2-core machine those starve
+    it past the reads' 10 s, which is not what the cluster tests measure)."""
+    return ["--cluster", dsn, "--host-name", name, "--role", role, "--analytics-cpu", "0", "--analytics-nice", "0"]
+
+
 def health(server: Server) -> dict[str, Any]:
     return server.request("GET", "/healthz").json()  # type: ignore[no-any-return]
 

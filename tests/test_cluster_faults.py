@@ -44,6 +44,7 @@ from tests.cluster_support import (
     eventually,
     fresh_database,
     health,
+    host_flags,
     wait_applied,
     wal_receiver_stopped,
     without_password,
@@ -92,16 +93,7 @@ class Hosts:
         port = self.ports.setdefault(name, free_port())
         server = Server(
             self.data_dir(name),
-            "--cluster",
-            self.dsn,
-            "--host-name",
-            name,
-            "--role",
-            role,
-            "--analytics-cpu",
-            "0",
-            "--analytics-nice",
-            "0",
+            *host_flags(self.dsn, name, role),
             port=port,
             log_path=self.tmp_path / "logs" / f"{name}-{len(self.started)}.log",
         )

@@ -33,6 +33,7 @@ from tests.cluster_support import (
     eventually,
     fresh_database,
     health,
+    host_flags,
     on_primary,
     wait_applied,
     without_password,
@@ -66,25 +67,14 @@ def database(cluster: PgCluster) -> str:
 def hosts(cluster: PgCluster, database: str, tmp_path: Path) -> Iterator[Callable[..., Server]]:
     """Starts hosts on the test's log: ``hosts("h1", *flags, role=..., processes=...)``; each
     has its data dir at tmp_path/NAME/data (a host started again is a new server on the same
-    data dir). Every one is stopped (and killed) after the test.
-    The analytics pool runs without its CPU quota and idle priority: on a loaded 2-core
-    machine those starve it past the reads' 10 s, which is not what these tests measure."""
+    data dir). Every one is stopped (and killed) after the test; its flags: host_flags."""
     dsn = without_password(cluster, database, tmp_path)
     started: list[Server] = []
 
     def start(name: str, *flags: str, role: str = "ingest", processes: int = 1, wait: bool = True) -> Server:
         server = Server(
             tmp_path / name / "data",
-            "--cluster",
-            dsn,
-            "--host-name",
-            name,
-            "--role",
-            role,
-            "--analytics-cpu",
-            "0",
-            "--analytics-nice",
-            "0",
+            *host_flags(dsn, name, role),
             *flags,
             processes=processes,
             log_path=tmp_path / name / f"log-{len(started)}",
