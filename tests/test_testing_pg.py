@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from tests.cluster_support import NEEDS_CLUSTER, on_primary
-from tiny.testing_pg import PgCluster, _stat
+from tiny.procfs import stat
+from tiny.testing_pg import PgCluster
 
 pytestmark = [pytest.mark.slow, NEEDS_CLUSTER, pytest.mark.timeout(180)]
 
@@ -36,7 +37,7 @@ def test_a_cluster_starts_healthy_and_is_gone_after_a_failing_test(tmp_path: Pat
         cluster.kill(str(primary))  # killed: its shared memory segment stays behind
         assert not cluster.alive(str(primary))
         raise RuntimeError("the test failed")
-    left = [pid for found in pids.values() for pid in found if _stat(pid) is not None]  # zombies are gone
+    left = [pid for found in pids.values() for pid in found if stat(pid) is not None]  # zombies are gone
     assert left == []
     assert not home.exists()
     assert segments() <= before  # the killed primary's segment removed too

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tiny import procfs
 from tiny.testing import free_port_block
 
 PG_BIN = Path(os.environ.get("TINY_PG_BIN", "/usr/lib/postgresql/15/bin"))
@@ -166,21 +167,21 @@ class PgCluster:
         began = time.monotonic()
         for node in self.nodes.values():
             self._signal_patroni(node, signal.SIGKILL)  # first: it would restart its PostgreSQL
-        procs = _processes()
+        procs = procfs.processes()
         for pid in self._node_pids(procs):  # a frozen child would hold its postmaster's stop
-            _signal(pid, signal.SIGCONT)
+            procfs.send_signal(pid, signal.SIGCONT)
         for node in self.nodes.values():  # SIGQUIT: an immediate stop, which removes its shm segment
             for pid in self._postmasters(node, procs):
-                _signal(pid, signal.SIGQUIT)
-        _wait_gone(self._node_pids(_processes()), _FAST_STOP, self._children())
-        procs = _processes()
+                procfs.send_signal(pid, signal.SIGQUIT)
+        procfs.wait_gone(self._node_pids(procfs.processes()), _FAST_STOP, self._children())
+        procs = procfs.processes()
         for pid in self._node_pids(procs):
-            _signal(pid, signal.SIGKILL)
-        etcd = _unreaped(self._etcd)
+            procfs.send_signal(pid, signal.SIGKILL)
+        etcd = procfs.unreaped(self._etcd)
         if etcd > 0:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(etcd, signal.SIGKILL)
-        left = _wait_gone(self._node_pids(_processes()) | {etcd}, _KILL_WAIT, self._children())
+        left = procfs.wait_gone(self._node_pids(procfs.processes()) | {etcd}, _KILL_WAIT, self._children())
         for child in self._children():  # every Popen reaped: none is left to warn, or to reuse its pid
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(0.5)
@@ -292,7 +293,7 @@ class PgCluster:
         if signum in (signal.SIGKILL, signal.SIGSTOP):
             self._signal_node(node, signum)  # any child forked between the scan and the signal
         if signum == signal.SIGKILL:
-            _wait_gone(set(self._pids(node)), _KILL_WAIT, self._children())
+            procfs.wait_gone(set(self._pids(node)), _KILL_WAIT, self._children())
 
     def stop(self, name: str) -> None:
         """Freeze node ``name`` (Patroni and PostgreSQL) with SIGSTOP."""
@@ -435,24 +436,24 @@ class PgCluster:
         with contextlib.suppress(OSError, ValueError, IndexError):
             node.shm_ids.add(int((node.data_dir / "postmaster.pid").read_text().splitlines()[6].split()[1]))
 
-    def _postmasters(self, node: Node, procs: list[_Proc]) -> list[int]:
+    def _postmasters(self, node: Node, procs: list[procfs.Proc]) -> list[int]:
         """The node's postmasters (and single-user postgres): those naming its data dir."""
         marker = f" -D {node.data_dir} "
-        return [p.pid for p in procs if p.comm == "postgres" and marker in _cmdline(p.pid)]
+        return [p.pid for p in procs if p.comm == "postgres" and marker in procfs.cmdline(p.pid)]
 
-    def _pids(self, node: Node, procs: list[_Proc] | None = None) -> list[int]:
+    def _pids(self, node: Node, procs: list[procfs.Proc] | None = None) -> list[int]:
         """The node's live processes (of the snapshot ``procs``, or now): its Patroni first,
         then its postmasters, then the rest (so that, signalled in this order, none of them
         is restarted or forked meanwhile)."""
         self._note_shm(node)
-        procs = _processes() if procs is None else procs
-        patroni = _unreaped(node.proc)
+        procs = procfs.processes() if procs is None else procs
+        patroni = procfs.unreaped(node.proc)
         postmasters = self._postmasters(node, procs)
         rest = [p.pid for p in procs if p.pid not in postmasters and (p.session == patroni or p.ppid in postmasters)]
         first = [patroni] if patroni in rest else []
         return first + postmasters + [pid for pid in rest if pid != patroni]
 
-    def _node_pids(self, procs: list[_Proc]) -> set[int]:
+    def _node_pids(self, procs: list[procfs.Proc]) -> set[int]:
         return {pid for node in self.nodes.values() for pid in self._pids(node, procs)}
 
     def _children(self) -> list[subprocess.Popen[bytes]]:
@@ -460,10 +461,10 @@ class PgCluster:
 
     def _signal_node(self, node: Node, signum: int) -> None:
         for pid in self._pids(node):
-            _signal(pid, signum)
+            procfs.send_signal(pid, signum)
 
     def _signal_patroni(self, node: Node, signum: int) -> None:
-        patroni = _unreaped(node.proc)
+        patroni = procfs.unreaped(node.proc)
         if patroni > 0:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(patroni, signum)
@@ -483,70 +484,11 @@ class PgCluster:
                     shutil.copyfile(log, target / f"{node}-{log.name}")
 
 
-def _unreaped(proc: subprocess.Popen[bytes] | None) -> int:
-    """The pid of our child ``proc`` while it is not reaped (alive or a zombie: its pid, and so
-    its process group and session ids, cannot be another process's yet), else -1. A reaped
-    child's pid may belong to anyone by now (pid_max is 32768 here): never signal it."""
-    return proc.pid if proc is not None and proc.poll() is None else -1
-
-
 def _run_as() -> dict[str, Any]:
     """Popen's user/group for PostgreSQL and Patroni: ``postgres`` under root (both refuse root)."""
     if os.geteuid() != 0:
         return {}
     return {"user": "postgres", "group": "postgres", "extra_groups": []}
-
-
-@dataclass(frozen=True, slots=True)
-class _Proc:
-    pid: int
-    ppid: int
-    session: int
-    comm: str
-
-
-def _stat(pid: int) -> _Proc | None:
-    """A live process from /proc/PID/stat; None when it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    comm_end = text.rindex(b")")
-    fields = text[comm_end + 2 :].split()
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return _Proc(pid, int(fields[1]), int(fields[3]), text[text.index(b"(") + 1 : comm_end].decode(errors="replace"))
-
-
-def _processes() -> list[_Proc]:
-    """Every live process, now."""
-    return [proc for entry in os.listdir("/proc") if entry.isdigit() and (proc := _stat(int(entry))) is not None]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            return cmdline.read().replace(b"\0", b" ").decode(errors="replace") + " "
-    except OSError:
-        return ""
-
-
-def _signal(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signum)
-
-
-def _wait_gone(pids: set[int], timeout: float, children: list[subprocess.Popen[bytes]]) -> set[int]:
-    """Wait until none of ``pids`` lives (reaping ``children``: a zombie is gone); those left."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for child in children:
-            child.poll()
-        pids = {pid for pid in pids if _stat(pid) is not None}
-        if not pids or time.monotonic() > deadline:
-            return pids
-        time.sleep(0.02)
 
 
 def _remove_tree(path: Path) -> None:

@@ -1,0 +1,70 @@
+"""Processes read from /proc, for the test harnesses that start servers of other programs
+(tiny.testing_pg): a process's stat and command line, every live process, a bounded wait for
+pids to go, and signals that ignore processes already gone. Linux only."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+
+
+def unreaped(proc: subprocess.Popen[bytes] | None) -> int:
+    """The pid of our child ``proc`` while it is not reaped (alive or a zombie: its pid, and so
+    its process group and session ids, cannot be another process's yet), else -1. A reaped
+    child's pid may belong to anyone by now (pid_max is 32768 here): never signal it."""
+    return proc.pid if proc is not None and proc.poll() is None else -1
+
+
+@dataclass(frozen=True, slots=True)
+class Proc:
+    pid: int
+    ppid: int
+    session: int
+    comm: str
+
+
+def stat(pid: int) -> Proc | None:
+    """A live process from /proc/PID/stat; None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    comm_end = text.rindex(b")")
+    fields = text[comm_end + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return Proc(pid, int(fields[1]), int(fields[3]), text[text.index(b"(") + 1 : comm_end].decode(errors="replace"))
+
+
+def processes() -> list[Proc]:
+    """Every live process, now."""
+    return [proc for entry in os.listdir("/proc") if entry.isdigit() and (proc := stat(int(entry))) is not None]
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode(errors="replace") + " "
+    except OSError:
+        return ""
+
+
+def send_signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signum)
+
+
+def wait_gone(pids: set[int], timeout: float, children: list[subprocess.Popen[bytes]]) -> set[int]:
+    """Wait until none of ``pids`` lives (reaping ``children``: a zombie is gone); those left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for child in children:
+            child.poll()
+        pids = {pid for pid in pids if stat(pid) is not None}
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.02)
