@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiny import limits
+from tiny import affinity, limits
 from tiny.cluster import dsn
 
 ENV_PREFIX = "TINY_"
@@ -44,6 +44,7 @@ class Config:
     port: int = 8000
     address: str = "127.0.0.1"
     processes: int = 0
+    cpu_affinity: str = "auto"  # tiny.affinity: "auto", "none" or the first CPU's index
     data_dir: Path = Path("data")
     durability: str = "write"
     max_body: int = limits.MAX_BODY
@@ -167,6 +168,14 @@ def _niceness(text: str) -> str:
         raise argparse.ArgumentTypeError("must be 'idle' or a nice value from 0 to 19") from None
 
 
+def _cpu_affinity(text: str) -> str:
+    """``auto``, ``none`` or a whole number (tiny.affinity)."""
+    try:
+        return affinity.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _one_of(*choices: str) -> Callable[[str], str]:
     def convert(text: str) -> str:
         if text not in choices:
@@ -239,6 +248,12 @@ _FLAGS: list[tuple[str, Callable[[str], object], str | None]] = [
     ("port", _port, "TCP port to listen on"),
     ("address", str, "address to bind"),
     ("processes", _processes, "worker processes; 0 = one per core"),
+    (
+        "cpu_affinity",
+        _cpu_affinity,
+        "pin each worker to one core: 'auto' (when there is a worker per usable core), 'none', or K "
+        "(worker i on the (K+i)-th usable core, wrapping)",
+    ),
     ("data_dir", Path, "directory of the daily CSV files and rejects/"),
     ("durability", _one_of(*DURABILITIES), "acknowledge after write(2) ('write') or after fsync ('fsync')"),
     ("max_body", _size, "largest request body, compressed and decompressed (bytes, or 64MiB)"),

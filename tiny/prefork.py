@@ -213,7 +213,7 @@ def serve(config: Config) -> int:
         cpu.prepare(config.analytics_cpu, f"{cpu.PREFIX}{os.getpid()}")
         log.info("analytics CPU: %s", cpu.MODE)
         if in_process:  # no fork: kernprof and debuggers see the work in this process
-            return run_worker(config, sockets[0])
+            return run_worker(dataclasses.replace(config, processes=count), sockets[0])
         return _Supervisor(config, sockets).run()
     finally:
         cpu.remove(cpu.CGROUP)
@@ -458,6 +458,7 @@ class _Supervisor:
                     parent_pid=parent,
                     beat=(self.heartbeats, index),
                     follower=self.follower,
+                    index=index,
                 )
         except BaseException:
             traceback.print_exc()

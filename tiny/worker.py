@@ -28,7 +28,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from tiny import codec, descriptors, layout, limits
+from tiny import affinity, codec, descriptors, layout, limits
 from tiny.aggregate_errors import Unavailable
 from tiny.aggregates import Aggregates
 from tiny.analytics.service import Analytics
@@ -62,13 +62,17 @@ def run_worker(
     parent_pid: int | None = None,
     beat: tuple[Heartbeats, int] | None = None,
     follower: FollowerStatus | None = None,
+    index: int = 0,
 ) -> int:
     """Serve on ``sock`` until told to stop; returns the process exit code (0 = clean).
 
     ``parent_pid``: the supervising parent; when it goes away the worker shuts down
     instead of serving on as an orphan. ``beat``: the parent's heartbeat slots and this
     worker's index in them. ``follower``: cluster mode's follower status (tiny.follower_status).
+    ``index``: the worker's number, which ``--cpu-affinity`` pins by (tiny.affinity), first
+    thing: every thread the worker starts shares its core.
     """
+    affinity.pin(config.cpu_affinity, index, config.worker_count())
     # A write past RLIMIT_FSIZE must fail with EFBIG (-> 503), not kill the worker.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     code = asyncio.run(_serve(config, sock, parent_pid, beat, follower))

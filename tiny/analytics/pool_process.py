@@ -12,16 +12,18 @@ import signal
 import threading
 import time
 
+from tiny import affinity
 from tiny.analytics import caches
 
 _PARENT_POLL_SECONDS = 1.0
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
-def pool_init(parent: int, cache_bytes: int) -> None:
+def pool_init(parent: int, cache_bytes: int, cpus: frozenset[int] | None = None) -> None:
     """Runs first in each pool process (confined already: tiny.analytics.cpu.ConfinedContext):
-    signals, its end with its worker's, and its caches' budget of ``cache_bytes``
-    (tiny.analytics.caches).
+    signals, its end with its worker's, its caches' budget of ``cache_bytes``
+    (tiny.analytics.caches), and the affinity ``cpus`` its worker had before it was pinned to
+    one core (tiny.affinity; None: the worker's, unchanged).
 
     A worker killed with -9 cannot stop its pool. On Linux the kernel does: PR_SET_PDEATHSIG
     has it SIGKILL this process when the thread that spawned it ends, and SIGKILL reaches
@@ -31,6 +33,7 @@ def pool_init(parent: int, cache_bytes: int) -> None:
     made is seen by the parent check after it. Elsewhere, a thread polls for the parent
     (a stopped process then goes once it is continued)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the worker decides
+    affinity.unpin(cpus)
     caches.set_process_budget(cache_bytes)
     if _kill_me_with_my_parent():
         if os.getppid() != parent:

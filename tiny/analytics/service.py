@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tiny import layout, limits
+from tiny import affinity, layout, limits
 from tiny.analytics import caches, charts, cpu, json_bytes, pool_process, rows
 from tiny.analytics.rows import DayFile
 from tiny.config import Config
@@ -298,7 +298,11 @@ class Analytics:
                 max_workers=self.processes,
                 mp_context=cpu.ConfinedContext(cpu.CGROUP, lane, self.nice),
                 initializer=pool_process.pool_init,
-                initargs=(os.getpid(), self.shares.rows_process if lane == ROWS else self.shares.answers_process),
+                initargs=(
+                    os.getpid(),
+                    self.shares.rows_process if lane == ROWS else self.shares.answers_process,
+                    affinity.unpinned(),
+                ),
             )
             log.info(
                 "analytics pool (%s) started: %d process(es), nice %s",
