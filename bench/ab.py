@@ -5,12 +5,14 @@ Usage:
     python bench/ab.py OLD [--body 1] [--keys] [--rounds 8] [--seconds 3] [--concurrency 8]
     python bench/ab.py 9a57242 --body 100 --keys      # this tree against commit 9a57242
     python bench/ab.py main --body 1 --key-cost       # what a fresh key costs, in each tree
+    python bench/ab.py . --old-args "--cpu-affinity none" --new-args "--cpu-affinity 0"   # one flag, one tree
 
 OLD is a commit (checked out into a temporary git worktree, removed afterwards) or the directory
 of another tree. Its compiled codec is this tree's when the two trees' codec sources are the same,
 else built there (maturin, into that tree only). Then:
 
-1. both servers start (``app.py --processes 1``, a fresh data dir each, free ports on 127.0.0.1)
+1. both servers start (``app.py --processes 1``, or ``--processes N``, and each side's
+   ``--old-args``/``--new-args``; a fresh data dir each, free ports on 127.0.0.1)
    and are warmed up;
 2. each round measures one, then the other (old-new, then new-old next round, so a drift or the
    second place in a round hits both alike), each a point as bench/run.py measures it
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -67,6 +70,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--key-cost", action="store_true", help="keyed / unkeyed CPU per request in each tree (4 points a round)"
     )
+    parser.add_argument("--processes", type=int, default=1, help="worker processes of each server (default 1)")
+    parser.add_argument("--old-args", default="", help="more flags for OLD's server, e.g. '--cpu-affinity none'")
+    parser.add_argument("--new-args", default="", help="more flags for this tree's server, e.g. '--cpu-affinity 0'")
     return parser.parse_args(argv)
 
 
@@ -140,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, script in (("old", tree / "app.py"), ("new", ROOT / "app.py")):
                 data = work / f"{name}-data"
                 data.mkdir()
-                server = LocalServer(name, str(script), 1, data, logs=work / "logs")
+                flags = shlex.split(args.old_args if name == "old" else args.new_args)
+                server = LocalServer(name, str(script), args.processes, data, flags, logs=work / "logs")
                 server.tree = tree if name == "old" else None
                 stack.callback(server.stop)
                 servers[name] = server.start()
