@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import resource
 
+from tiny import keylog
 from tiny.config import Config
 
 RESERVED = 64  # descriptors a worker needs besides its connections and the sink's files
@@ -20,6 +21,13 @@ MAX_DEFAULT_CONNECTIONS = 10_000  # an idle connection costs about 10-20 KB of m
 def sink_files(config: Config) -> int:
     """Files one sink flush may hold open: 32, or one request's worth (its days and rejects file)."""
     return max(32, config.max_days + 1)
+
+
+def key_log_files(config: Config) -> int:
+    """Key log segments a worker holds open at most (tiny.keylog): one descriptor each, for
+    ``--idempotency-max-keys`` keys of the biggest records (about 390 at the default bound);
+    none in cluster mode, whose keys are in PostgreSQL."""
+    return 0 if config.cluster else keylog.segments_for(config.idempotency_max_keys)
 
 
 def raise_limit() -> int:
@@ -40,19 +48,22 @@ def raise_limit() -> int:
 
 def connection_limit(config: Config, sink_files: int, nofile: int | None = None) -> int:
     """Open connections one worker may hold: ``--max-connections``, or what the descriptor
-    limit leaves after the sink's files and RESERVED (at most MAX_DEFAULT_CONNECTIONS).
+    limit leaves after the sink's files, the key log's (:func:`key_log_files`) and RESERVED
+    (at most MAX_DEFAULT_CONNECTIONS).
 
     Raises ValueError, naming the flag, when the limit leaves no room for connections or
     ``--max-connections`` asks for more than it leaves.
     """
     if nofile is None:
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    room = nofile - sink_files - RESERVED
+    keys = key_log_files(config)
+    room = nofile - sink_files - keys - RESERVED
+    held = f"{sink_files} for the sink, {keys} for the key log (--idempotency-max-keys) and {RESERVED} others"
     if room < 1:
-        raise ValueError(f"RLIMIT_NOFILE {nofile} leaves no room for connections (--max-connections)")
+        raise ValueError(f"RLIMIT_NOFILE {nofile} leaves no room for connections after {held} (--max-connections)")
     if config.max_connections > room:
         raise ValueError(
             f"--max-connections {config.max_connections} is more than RLIMIT_NOFILE {nofile} leaves "
-            f"for connections ({room}, after {sink_files} for the sink and {RESERVED} others)"
+            f"for connections ({room}, after {held})"
         )
     return config.max_connections or min(room, MAX_DEFAULT_CONNECTIONS)

@@ -31,7 +31,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from tiny import layout
+from tiny import layout, limits
 
 SEGMENT_BYTES = 64 * 1024**2  # a segment's size before the next one starts
 FIRST = 1  # flag: the first record of its flush
@@ -39,6 +39,7 @@ HEAD = struct.Struct(">II")  # the record's length, CRC-32 of the rest
 FIELDS = struct.Struct(">QdBBB")  # seq, stored, flags, key length, digest length
 FIXED = HEAD.size + FIELDS.size
 KEY_LENGTH_AT = HEAD.size + 17  # the key length's byte in a record (after seq, stored and flags)
+MAX_RECORD = FIXED + 255 + 255 + limits.MAX_ANSWER  # a record's bytes at most: its key, digest and answer
 _OFFSET_BITS = 40  # a place: segment << 40 | offset (segments up to 1 TiB)
 _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
 _LOAD = 0.7  # the table grows (doubles) past this share of full slots
@@ -55,6 +56,12 @@ def segment_number(name: str) -> int | None:
     """The number of a segment's file name (no folder), or None when it is not one."""
     stem, dot, suffix = name.partition(".")
     return int(stem) if dot and suffix == "log" and len(stem) == 8 and stem.isdigit() else None
+
+
+def segments_for(max_keys: int, segment_bytes: int = SEGMENT_BYTES) -> int:
+    """Segments a log of ``max_keys`` keys spans at most, each a descriptor every process holds:
+    full ones of the biggest records, the newest and one more that expiry has yet to walk past."""
+    return -(-max_keys * MAX_RECORD // segment_bytes) + 2
 
 
 def place(segment: int, offset: int) -> int:

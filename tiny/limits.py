@@ -41,6 +41,7 @@ STALL_TIMEOUT = 10.0  # --stall-timeout: seconds a worker's loop may stall befor
 
 # -- exactly once ---------------------------------------------------------------------------
 MAX_KEY = 255  # characters of an Idempotency-Key
+MAX_ANSWER = 2 * KiB  # bytes of /ingest's 200 answer at most (its MAX_ERRORS errors): a key's record keeps it
 IDEMPOTENCY_WINDOW = 86_400.0  # --idempotency-window: seconds a key counts at least
 IDEMPOTENCY_MAX_KEYS = 10_000_000  # --idempotency-max-keys: keys kept at most (at least MAX_FLUSH_APPENDS)
 

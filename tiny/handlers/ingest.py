@@ -53,18 +53,7 @@ async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool, int
         batch, chunks, digest = await loop.run_in_executor(None, _encode, deps, head, body)
     else:
         batch, chunks, digest = _encode(deps, head, body)
-    answer = orjson.dumps(
-        {
-            "result": {
-                "status": "ok",
-                "stats": {
-                    "bytes": received,
-                    "records": {"valid": batch.valid, "invalid": batch.invalid, "total": batch.valid + batch.invalid},
-                },
-            },
-            "errors": [{"line": line, "error": reason} for line, reason, _ in batch.rejects[:MAX_ERRORS]],
-        }
-    )
+    answer = answer_of(received, batch)
     metrics = deps.metrics
     metrics.bytes_in.inc(received)
     position = None
@@ -95,6 +84,23 @@ async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool, int
     metrics.valid.inc(batch.valid)
     metrics.invalid.inc(batch.invalid)
     return answer, False, position
+
+
+def answer_of(received: int, batch: codec.Batch) -> bytes:
+    """The 200 answer to a body of ``received`` bytes that became ``batch``: its counts and its
+    first MAX_ERRORS line errors (at most tiny.limits.MAX_ANSWER bytes, which a key's record keeps)."""
+    return orjson.dumps(
+        {
+            "result": {
+                "status": "ok",
+                "stats": {
+                    "bytes": received,
+                    "records": {"valid": batch.valid, "invalid": batch.invalid, "total": batch.valid + batch.invalid},
+                },
+            },
+            "errors": [{"line": line, "error": reason} for line, reason, _ in batch.rejects[:MAX_ERRORS]],
+        }
+    )
 
 
 def _encode(deps: Deps, head: Head, body: bytes) -> tuple[codec.Batch, dict[str, bytes], bytes]:
