@@ -35,8 +35,8 @@ import pytest
 
 from tests.hosts_support import HOSTS, IMAGES, NODES, REQUEST_BOUND, RESUME_BOUND, Hosts, Load, check_hosts, run
 from tests.support import ROOT, record
+from tiny.patroni_settings import DCS_SETTINGS
 from tiny.testing import compose_variants, docker_unavailable, free_port
-from tiny.testing_pg import DCS_SETTINGS
 
 _REASON = "TINY_DOCKER_TESTS=0" if os.environ.get("TINY_DOCKER_TESTS") == "0" else docker_unavailable()
 _COMPOSES = {} if _REASON else compose_variants()

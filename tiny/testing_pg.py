@@ -12,7 +12,8 @@ Like :mod:`tiny.testing`, it ships in the package but the server never imports i
   three; three members would only add etcd's own failover (measured apart: a killed etcd
   leader adds about 4 s) and three processes on a 2-core machine;
 - three PostgreSQL nodes ``pg1``, ``pg2``, ``pg3``, each its own Patroni (which starts, stops,
-  promotes, demotes and rewinds its PostgreSQL), with the settings of :data:`DCS_SETTINGS`:
+  promotes, demotes and rewinds its PostgreSQL), with the settings of
+  tiny.patroni_settings (:data:`~tiny.patroni_settings.DCS_SETTINGS`):
   ttl 10, loop_wait 2, retry_timeout 4, synchronous_mode with synchronous_mode_strict,
   synchronous_node_count 1, synchronous_commit on, pg_rewind (wal_log_hints on),
   wal_retrieve_retry_interval 1s. So one synchronous standby acknowledges every commit, a
@@ -58,40 +59,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiny import procfs
+from tiny import patroni_settings, procfs
+from tiny.patroni_settings import DCS_SETTINGS, SUPERUSER
 from tiny.testing import free_port_block
 
 PG_BIN = Path(os.environ.get("TINY_PG_BIN", "/usr/lib/postgresql/15/bin"))
 PATRONI = shutil.which("patroni") or "/usr/bin/patroni"
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 NODES = ("pg1", "pg2", "pg3")
-SUPERUSER = "postgres"
 
-# Patroni's cluster-wide settings (stored in etcd at bootstrap), as ../shared/postgres-ha-measured.md
-# measured them: 0 acknowledged commits lost in 35 runs, a dead or frozen primary replaced in 10-16 s.
-DCS_SETTINGS: dict[str, Any] = {
-    "ttl": 10,  # seconds the leader key lives without renewal (default 30: 25-31 s without commits)
-    "loop_wait": 2,  # seconds between two runs of Patroni's loop (default 10)
-    "retry_timeout": 4,  # seconds Patroni retries etcd and PostgreSQL before it demotes (default 10)
-    "maximum_lag_on_failover": 1048576,
-    "synchronous_mode": True,
-    "synchronous_mode_strict": True,  # no synchronous standby: commits wait, never go asynchronous
-    "synchronous_node_count": 1,
-    "postgresql": {
-        "use_pg_rewind": True,  # an old primary rejoins as a standby by itself
-        "use_slots": True,
-        "parameters": {
-            "synchronous_commit": "on",  # COMMIT returns once the synchronous standby flushed its WAL
-            "wal_log_hints": "on",  # pg_rewind needs it (or data checksums)
-            "wal_retrieve_retry_interval": "1s",  # default 5 s: a standby's retry after a failover
-            "wal_level": "replica",
-            "hot_standby": "on",
-            "max_wal_senders": 10,
-            "max_replication_slots": 10,
-            "max_connections": 100,
-        },
-    },
-}
 _API_TIMEOUT = 1.0  # seconds for one HTTP call to etcd
 _SQL_TIMEOUT = 2  # connect_timeout (seconds) of the harness's own checks
 _KILL_WAIT = 5.0  # seconds close() waits for killed processes to go
@@ -380,44 +356,13 @@ class PgCluster:
             time.sleep(0.05)
 
     def _patroni_config(self, node: Node) -> dict[str, Any]:
-        auth = {
-            "superuser": {"username": SUPERUSER, "password": self.password},
-            "replication": {"username": "replicator", "password": self._replication_password},
-            "rewind": {"username": "rewind", "password": self._rewind_password},
-        }
-        return {
-            "scope": self.scope,
-            "namespace": "/service/",
-            "name": node.name,
-            "restapi": {"listen": f"127.0.0.1:{node.api_port}", "connect_address": f"127.0.0.1:{node.api_port}"},
-            "etcd": {"host": f"127.0.0.1:{self.etcd_port}"},
-            "bootstrap": {
-                "dcs": self._dcs,
-                "initdb": [{"encoding": "UTF8"}, {"locale": "C"}],
-            },
-            "postgresql": {
-                "listen": f"127.0.0.1:{node.pg_port}",
-                "connect_address": f"127.0.0.1:{node.pg_port}",
-                "data_dir": str(node.data_dir),
-                "bin_dir": str(PG_BIN),
-                "pgpass": str(node.home / "pgpass"),
-                "authentication": auth,
-                "basebackup": [{"checkpoint": "fast"}],  # a replica's copy starts at once
-                "pg_hba": [
-                    "local all all trust",
-                    "host replication replicator 127.0.0.1/32 scram-sha-256",
-                    "host all all 127.0.0.1/32 scram-sha-256",
-                ],
-                "parameters": {
-                    "unix_socket_directories": str(node.home),
-                    "logging_collector": "on",
-                    "log_directory": str(node.home / "log"),
-                    "log_min_messages": "warning",
-                    "log_line_prefix": "%m [%p] %a ",
-                },
-            },
-            "tags": {"nofailover": False, "noloadbalance": False, "clonefrom": False, "nosync": False},
-        }
+        return patroni_settings.node_config(
+            patroni_settings.NodePlace(node.name, node.pg_port, node.api_port, node.home, PG_BIN),
+            scope=self.scope,
+            etcd_port=self.etcd_port,
+            passwords=(self.password, self._replication_password, self._rewind_password),
+            dcs=self._dcs,
+        )
 
     def _env(self) -> dict[str, str]:
         home = str(self.home)
