@@ -1,8 +1,9 @@
-"""Operator commands on a data dir: a live backup, its journal mode, its aggregates, files forgotten knowingly.
+"""Operator commands on a data dir: a live backup, its journal mode and key bounds, its aggregates, files forgotten knowingly.
 
 Usage (``tiny-admin`` once installed, or ``python -m tiny.admin`` from the source tree):
     tiny-admin backup DATA_DIR DEST [--lock-timeout 30] [--cluster DSN --host-name NAME]
     tiny-admin set-journal-mode DATA_DIR {wal,delete}
+    tiny-admin set-key-bounds DATA_DIR WINDOW MAX_KEYS
     tiny-admin rebuild-aggregates DATA_DIR [--lock-timeout 30]
     tiny-admin forget DATA_DIR FILE... [--remove] [--lock-timeout 30]
 
@@ -27,6 +28,11 @@ or ``--follower-retention`` passes, however long the copy takes to reach its hos
 
 ``set-journal-mode`` changes the mode every server on the data dir must use (``wal`` on one
 host, ``delete`` for writers on several hosts); stop every server on the data dir first.
+
+``set-key-bounds`` changes how long (``--idempotency-window`` seconds) and how many
+(``--idempotency-max-keys``) Idempotency-Keys every server on the data dir keeps: a server
+started with others is refused (their decisions on a retry would differ); stop every server
+on the data dir first, then start them all with the new flags.
 
 ``rebuild-aggregates`` counts the downloads API's aggregates (tiny.aggregates) again from the
 day files, e.g. after a day file was edited by hand; servers may run meanwhile: they go on
@@ -72,9 +78,9 @@ from tiny.cluster.dsn import cluster_string
 from tiny.commit import CommitError, Refused
 from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
-from tiny.config import host_name, seconds
+from tiny.config import host_name, max_keys, seconds
 from tiny.files import size_of
-from tiny.journal_meta import MODES, stored_mode
+from tiny.journal_meta import MODES, bounds_of, bounds_text, stored_mode
 from tiny.keylog import KEYS_DIR, records, segment_number
 from tiny.refusals import Found
 
@@ -243,6 +249,25 @@ def set_journal_mode(data_dir: Path, mode: str, lock_timeout: float = 30.0) -> s
     return current
 
 
+def set_key_bounds(data_dir: Path, window: float, max_keys: int, lock_timeout: float = 30.0) -> str:
+    """Record that every server on ``data_dir`` keeps keys ``window`` seconds and at most
+    ``max_keys`` (tiny.datadir ``pin_key_bounds``); returns what the journal held before
+    ("none": no server has opened it since it was made). Stop every server on it first: a
+    running one goes on with its own bounds until it restarts, when it is refused."""
+    journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
+    journal.open(keys=False)
+    try:
+        with journal.locked():
+            before = journal.keys.meta("key_bounds")
+            journal.keys.set_meta("key_bounds", bounds_text(window, max_keys))
+    finally:
+        journal.close()
+    if before is None:
+        return "none"
+    window_before, max_keys_before = bounds_of(before)
+    return f"{window_before:g} s and at most {max_keys_before:,} keys"
+
+
 def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
     """Count the aggregates of ``data_dir`` again from its day files, up to the sizes they had,
     committed, at one instant (noted under the flush lock, after recovery), and raise the
@@ -371,6 +396,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     change = commands.add_parser("set-journal-mode", help="change the journal mode (stop every server first)")
     change.add_argument("data_dir", type=Path)
     change.add_argument("mode", choices=MODES)
+    bounds = commands.add_parser(
+        "set-key-bounds", help="change how long and how many Idempotency-Keys are kept (stop every server first)"
+    )
+    bounds.add_argument("data_dir", type=Path)
+    bounds.add_argument("window", type=seconds, help="seconds a key is kept at least (--idempotency-window)")
+    bounds.add_argument("max_keys", type=max_keys, help="keys kept at most (--idempotency-max-keys)")
     rebuild = commands.add_parser(
         "rebuild-aggregates", help="count the downloads API's aggregates again from the day files"
     )
@@ -400,6 +431,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "rebuild-aggregates":
             rows = rebuild_aggregates(args.data_dir, args.lock_timeout)
             print(f"counted {rows:,} rows of {args.data_dir} into {aggregates_path(args.data_dir)}")
+        elif args.command == "set-key-bounds":
+            before = set_key_bounds(args.data_dir, args.window, args.max_keys)
+            print(
+                f"the keys of {args.data_dir} were kept for {before}, now for {args.window:g} s and at most "
+                f"{args.max_keys:,}: start every server on it with --idempotency-window {args.window:g} "
+                f"--idempotency-max-keys {args.max_keys}"
+            )
         else:
             before = set_journal_mode(args.data_dir, args.mode)
             print(f"the journal of {args.data_dir} was in {before} mode, now {args.mode}")

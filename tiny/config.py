@@ -237,6 +237,7 @@ _max_keys = _whole(limits.MAX_FLUSH_APPENDS, _MAX_COUNT, " (at least the keys on
 _max_days = _whole(1, 10_000)  # each day of a request is a file one flush holds open (tiny.descriptors)
 _seconds = _decimal(_MIN_SECONDS, _MAX_SECONDS, "a number of seconds")
 seconds = _seconds  # the same check for the other commands' seconds (tiny-admin, tiny-replay)
+max_keys = _max_keys  # the same check for tiny-admin set-key-bounds
 _stall_seconds = _decimal(_MIN_STALL_SECONDS, _MAX_SECONDS, "a number of seconds")
 _cpus = _decimal(_MIN_CPUS, 1024, "a number of CPUs", zero="no quota")
 _rate = _decimal(_MIN_RATE, 1_000_000, "a number per second", zero="no pacing")

@@ -39,6 +39,7 @@ from tiny.committed_sizes import SizeTable, SizeTableError, check_all, ways_past
 from tiny.files import fsync_dir, size_of, write_durably
 from tiny.flushlock import FlushLock
 from tiny.intent import FINISHED, LIVE, FileSpan, IntentFile, parse
+from tiny.journal_meta import bounds_of, bounds_text
 from tiny.keys import KeyStore
 from tiny.refusals import NEW_JOURNAL_FLAG, Found
 
@@ -64,6 +65,7 @@ def open_journal(
     accept_new: bool = False,
     check_sizes: bool = True,
     cluster: bool | None = None,
+    bounds: bool = False,
 ) -> Identity:
     """Open (or create) the journal files of ``lock.data_dir`` into the three pieces and
     recover an unfinished flush; see the module docstring. ``known_id``: the id this process
@@ -72,7 +74,9 @@ def open_journal(
     ``cluster`` False: a server of one host, which refuses (Refused) a data dir that follows a
     cluster (tiny.cluster.binding: its writes would make this host's files differ from every
     other's); True or None: no such check (cluster mode checks the binding itself; the
-    operator's commands work on either). The caller closes the pieces on any failure."""
+    operator's commands work on either). ``bounds``: ``keys``' window and bound are a server's,
+    which the journal's must equal (:func:`pin_key_bounds`). The caller closes the pieces on any
+    failure."""
     state = layout.state_dir(lock.data_dir)
     try:
         state.mkdir(parents=True, exist_ok=True)
@@ -90,9 +94,32 @@ def open_journal(
             if not accept_new:
                 raise
             identity = opening.start_fresh(found.what)
+        if bounds:
+            pin_key_bounds(keys, lock.data_dir)
         keys.note_file()
         keys.attach_log()  # after recovery: every byte of the log is committed now (read later, unlocked)
     return identity
+
+
+def pin_key_bounds(keys: KeyStore, data_dir: Path) -> None:
+    """Record ``keys``' window and bound in a journal that has none; Refused when it holds
+    others. Servers that kept keys differently would disagree on whether a retry's key still
+    counts: one would answer it as stored, another write its rows again. The lock held."""
+    mine = bounds_text(keys.window, keys.max_keys)
+    found = keys.meta("key_bounds")
+    if found is None:
+        keys.set_meta("key_bounds", mine)
+        return
+    if found == mine:
+        return
+    window, max_keys = bounds_of(found)
+    raise Refused(
+        f"the journal of {data_dir} keeps Idempotency-Keys for {window:g} s and at most {max_keys:,}, and this "
+        f"server was started with --idempotency-window {keys.window:g} --idempotency-max-keys {keys.max_keys}: "
+        "every server on a data dir must keep keys alike (else a retry one answers as stored, another writes "
+        f"again). To change them, stop every server on {data_dir}, then run: tiny-admin set-key-bounds "
+        f"{data_dir} {keys.window:g} {keys.max_keys}"
+    )
 
 
 def close_files(lock: FlushLock, intent: IntentFile, keys: KeyStore) -> None:

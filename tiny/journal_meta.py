@@ -3,7 +3,9 @@
 Layout: one SQLite database, table ``meta (name TEXT PRIMARY KEY, value BLOB)`` WITHOUT ROWID,
 rows ``data_dir_id``, ``journal_mode``, ``digest_key`` (the secret of
 :func:`tiny.commit.keyed_digest`), ``created``, ``sizes`` (the data dir tracks committed sizes);
-in cluster mode ``cluster_id`` and ``cluster_digest_key`` (tiny.cluster.binding). It runs in WAL
+``key_bounds`` (the keys' window and bound every server on the data dir keeps, once a server
+has opened it: :func:`bounds_text`); in cluster mode ``cluster_id`` and ``cluster_digest_key``
+(tiny.cluster.binding). It runs in WAL
 mode (its ``-wal`` cut back to :data:`WAL_LIMIT` after a checkpoint), or in its rollback journal
 (``mode="delete"``) for writers on several hosts. A database of the previous format also holds
 a table ``idempotency_keys``, which tiny.keyload copies into the key log once.
@@ -31,6 +33,17 @@ from tiny.transaction import immediate
 MODES = ("wal", "delete")
 WAL_LIMIT = 4 * 1024**2  # bytes the -wal is cut back to after a checkpoint (journal_size_limit)
 _SCHEMA = "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID"
+
+
+def bounds_text(window: float, max_keys: int) -> bytes:
+    """The ``key_bounds`` row of a window of ``window`` seconds and a bound of ``max_keys`` keys."""
+    return f"{float(window)!r} {int(max_keys)}".encode()
+
+
+def bounds_of(text: bytes) -> tuple[float, int]:
+    """The window and bound of a ``key_bounds`` row (ValueError: not one)."""
+    window, max_keys = text.decode().split()
+    return float(window), int(max_keys)
 
 
 class JournalMeta:

@@ -80,9 +80,11 @@ class LocalCommit:
         crash_at: str = "",
         cluster: bool | None = None,
         segment_bytes: int = SEGMENT_BYTES,
+        pin_bounds: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.cluster = cluster  # tiny.datadir open_journal's: False refuses a data dir that follows a cluster
+        self.pin_bounds = pin_bounds  # a server's: the journal's key window and bound must be these (tiny.datadir)
         self.fsync = fsync
         self.keys = KeyStore(
             layout.journal_path(self.data_dir),
@@ -109,8 +111,8 @@ class LocalCommit:
     @classmethod
     def from_config(cls, config: Config, **extra: Any) -> LocalCommit:
         """The journal of ``config``'s data dir for a server of one host, by its flags
-        (durability, the keys' window and bound, journal mode, lock timeout); ``extra``: the
-        other arguments (``headers``, ``crash_at``)."""
+        (durability, the keys' window and bound, which the journal's must equal, journal mode,
+        lock timeout); ``extra``: the other arguments (``headers``, ``crash_at``)."""
         return cls(
             config.data_dir,
             fsync=config.durability == "fsync",
@@ -119,6 +121,7 @@ class LocalCommit:
             mode=config.journal_mode,
             lock_timeout=config.lock_timeout,
             cluster=False,
+            pin_bounds=True,
             **extra,
         )
 
@@ -156,6 +159,7 @@ class LocalCommit:
                 accept_new=accept_new,
                 check_sizes=check_sizes,
                 cluster=self.cluster,
+                bounds=self.pin_bounds,
             )
         except (sqlite3.Error, OSError) as exc:
             self.close()
