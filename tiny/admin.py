@@ -1,4 +1,4 @@
-"""Operator commands on a data dir: a live backup, its journal mode and key bounds, its aggregates, files forgotten knowingly.
+"""Operator commands on a data dir: a live backup, its journal mode and key bounds, its aggregates, files forgotten.
 
 Usage (``tiny-admin`` once installed, or ``python -m tiny.admin`` from the source tree):
     tiny-admin backup DATA_DIR DEST [--lock-timeout 30] [--cluster DSN --host-name NAME]
