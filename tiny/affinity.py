@@ -4,7 +4,7 @@ A worker's event loop and its sink thread (tiny.sink) hand the GIL to each other
 system call of a flush. Between threads on two cores each handoff wakes the other core (an
 inter-processor interrupt, costly in a virtual machine); on one core it is a plain context
 switch. Pinned, a worker measured 0.72x the CPU per 1-record request and 0.92x per 100-record
-request (BENCHMARKS.md, "CPU affinity").
+request (BENCHMARKS.md, table 9).
 
 ``--cpu-affinity``:
 
@@ -61,7 +61,11 @@ def pin(setting: str, index: int, workers: int) -> int | None:
     cpu = worker_cpu(setting, index, workers, usable)
     if cpu is None:
         return None
-    os.sched_setaffinity(0, {cpu})
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except OSError as exc:  # the CPU went offline since: serve unpinned rather than fail the start
+        log.warning("worker %d could not be pinned to CPU %d (%s): it runs unpinned", index, cpu, exc)
+        return None
     _unpinned = frozenset(usable)
     log.info("worker %d pinned to CPU %d (--cpu-affinity %s, %d usable)", index, cpu, setting, len(usable))
     return cpu
