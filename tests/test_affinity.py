@@ -40,17 +40,35 @@ def thread_cpus(pid: int) -> set[frozenset[int]]:
     return found
 
 
+def spawned_by_pool(pid: int) -> bool:
+    """Whether ``pid`` is an analytics pool process (multiprocessing's spawn), False once gone."""
+    try:
+        return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def children_of(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def test_auto_pins_worker_i_to_the_i_th_cpu_when_there_is_a_worker_per_cpu() -> None:
     assert [affinity.worker_cpu("auto", i, 4, [0, 1, 2, 3]) for i in range(4)] == [0, 1, 2, 3]
-    assert [affinity.worker_cpu("auto", i, 3, [2, 5]) for i in range(3)] == [2, 5, 2]
+    assert [affinity.worker_cpu("auto", i, 4, [2, 5]) for i in range(4)] == [2, 5, 2, 5]
 
 
 def test_auto_pins_nothing_with_fewer_workers_than_cpus() -> None:
     assert affinity.worker_cpu("auto", 0, 1, [0, 1]) is None
+
+
+def test_auto_pins_nothing_when_the_cpus_would_get_unequal_shares() -> None:
+    """Three workers on two CPUs: one CPU would serve two thirds of the connections."""
+    assert [affinity.worker_cpu("auto", i, 3, [0, 1]) for i in range(3)] == [None, None, None]
+
+
+def test_the_parent_plans_from_the_affinity_it_has() -> None:
+    assert affinity.plan("auto", len(USABLE)) == (USABLE if len(USABLE) > 1 else [USABLE[0]])
+    assert affinity.plan("none", 2) == [None, None]
 
 
 def test_a_number_starts_there_and_wraps_whatever_the_count() -> None:
@@ -97,13 +115,13 @@ def test_a_pinned_workers_analytics_pool_may_use_every_cpu(tmp_path: Path) -> No
 
         def pool_started() -> bool:
             pools[:] = [child for pid in server.worker_pids() for child in children_of(pid)]
-            return any(b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in pools)
+            return any(spawned_by_pool(pid) for pid in pools)
 
         assert wait_for(pool_started, 10)  # the answers lane's pool starts with its worker
-        spawned = [pid for pid in pools if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        spawned = [pid for pid in pools if spawned_by_pool(pid)]
         assert spawned, f"no pool process among the workers' children {pools}"
         for pid in spawned:
-            assert wait_for(lambda pid=pid: allowed(pid) == set(USABLE), 5), f"pool process {pid}: {allowed(pid)}"
+            assert wait_for(lambda pid=pid: allowed(pid) == set(USABLE), 15), f"pool process {pid}: {allowed(pid)}"
 
 
 @needs_two_cpus

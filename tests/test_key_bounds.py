@@ -85,8 +85,31 @@ def test_set_key_bounds_moves_every_server_to_the_new_ones_and_keeps_the_keys(tm
     with Server(data, "--idempotency-window", "3600", "--idempotency-max-keys", "1000") as server:
         replay = server.ingest(body, {"Idempotency-Key": "k1"})
         assert replay.status == 200 and replay.headers.get("idempotent-replayed") == "true"
-    with pytest.raises(RuntimeError, match="did not start"):
+    with pytest.raises(RuntimeError, match="did not start") as refused:
         Server(data).start()  # the old default is now the odd one out
+    assert "keeps Idempotency-Keys for 3600 s and at most 1,000" in str(refused.value)
+
+
+def test_the_refusal_names_a_command_that_records_exactly_this_servers_window(tmp_path: Path) -> None:
+    _server_journal(tmp_path).open(keys=False)
+    odd = _server_journal(tmp_path, "--idempotency-window", "1234567.5")
+    with pytest.raises(Refused) as refused:
+        odd.open(keys=False)
+    command = str(refused.value).rsplit("run: ", 1)[1].split()
+    assert command[:2] == ["tiny-admin", "set-key-bounds"]
+    assert _admin(*command[1:]).returncode == 0
+    odd.open(keys=False)
+    assert odd.is_open
+    odd.close()
+
+
+def test_a_damaged_record_of_the_bounds_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    journal = LocalCommit(tmp_path)
+    journal.open(keys=False)
+    journal.keys.set_meta("key_bounds", b"garbage")
+    journal.close()
+    with pytest.raises(Refused, match="not a window and a bound.*tiny-admin set-key-bounds"):
+        _server_journal(tmp_path).open(keys=False)
 
 
 def test_set_key_bounds_checks_its_numbers_as_the_server_does(tmp_path: Path) -> None:

@@ -80,7 +80,7 @@ from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
 from tiny.config import host_name, max_keys, seconds
 from tiny.files import size_of
-from tiny.journal_meta import MODES, bounds_of, bounds_text, stored_mode
+from tiny.journal_meta import MODES, bounds_of, bounds_text, seconds_text, stored_mode
 from tiny.keylog import KEYS_DIR, records, segment_number
 from tiny.refusals import Found
 
@@ -264,8 +264,11 @@ def set_key_bounds(data_dir: Path, window: float, max_keys: int, lock_timeout: f
         journal.close()
     if before is None:
         return "none"
-    window_before, max_keys_before = bounds_of(before)
-    return f"{window_before:g} s and at most {max_keys_before:,} keys"
+    try:
+        window_before, max_keys_before = bounds_of(before)
+    except ValueError:
+        return f"a damaged record ({before[:64]!r})"
+    return f"{seconds_text(window_before)} s and at most {max_keys_before:,} keys"
 
 
 def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
@@ -434,9 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "set-key-bounds":
             before = set_key_bounds(args.data_dir, args.window, args.max_keys)
             print(
-                f"the keys of {args.data_dir} were kept for {before}, now for {args.window:g} s and at most "
-                f"{args.max_keys:,}: start every server on it with --idempotency-window {args.window:g} "
-                f"--idempotency-max-keys {args.max_keys}"
+                f"the keys of {args.data_dir} were kept for {before}, now for {seconds_text(args.window)} s and at "
+                f"most {args.max_keys:,}: start every server on it with --idempotency-window "
+                f"{seconds_text(args.window)} --idempotency-max-keys {args.max_keys}"
             )
         else:
             before = set_journal_mode(args.data_dir, args.mode)

@@ -3,22 +3,24 @@
 A worker's event loop and its sink thread (tiny.sink) hand the GIL to each other around every
 system call of a flush. Between threads on two cores each handoff wakes the other core (an
 inter-processor interrupt, costly in a virtual machine); on one core it is a plain context
-switch. Pinned, a worker measured 0.72x the CPU per 1-record request and 0.92x per 100-record
+switch. Pinned, a worker measured 0.72x the CPU per 1-record request and 0.77x per 100-record
 request (BENCHMARKS.md, table 9).
 
 ``--cpu-affinity``:
 
 - ``auto`` (the default): worker ``i`` on the ``i``-th of the CPUs the server may use (its
-  affinity at start, in order, wrapping), when the server runs at least one worker per such
-  CPU (``--processes 0``, one per core, does); with fewer workers than CPUs none is pinned,
-  so that a worker's disk and decoding threads may use the idle cores.
+  affinity at start, in order, wrapping), when the workers are a whole multiple of those CPUs,
+  so that every CPU gets as many (``--processes 0``, one per core, without a CPU quota, is);
+  otherwise none is pinned: a worker's disk and decoding threads may then use the idle cores.
 - ``none``: no worker is pinned.
 - ``K`` (a whole number): worker ``i`` on the ``(K + i)``-th CPU, wrapping, whatever the count:
   for several servers of one worker each on one host (supervisor/supervisord.conf gives
   instance ``K`` the value ``K``).
 
-The analytics pool's processes, forked by a pinned worker, are given back the whole affinity
-the server started with (:func:`unpinned`): their work is the other cores' to share.
+The parent plans the CPUs once (:func:`plan`), from its affinity at start, and a worker it
+forks, or forks again, pins itself to its CPU first thing (:func:`pin`). The analytics pool's
+processes, spawned by a pinned worker, are given back the whole affinity the server started
+with (:func:`unpinned`, :func:`unpin`): their work is the other cores' to share.
 """
 
 from __future__ import annotations
@@ -49,26 +51,31 @@ def worker_cpu(setting: str, index: int, workers: int, usable: Sequence[int]) ->
     if not usable or setting == "none":
         return None
     if setting == "auto":
-        return usable[index % len(usable)] if workers >= len(usable) else None
+        return usable[index % len(usable)] if workers and workers % len(usable) == 0 else None
     return usable[(int(setting) + index) % len(usable)]
 
 
-def pin(setting: str, index: int, workers: int) -> int | None:
-    """Pin this process (and every thread it starts from now on) by ``setting``; returns the
-    CPU, or None when it stays unpinned. Call it before the worker starts a thread."""
-    global _unpinned
+def plan(setting: str, workers: int) -> list[int | None]:
+    """Each worker's CPU by ``setting``, from this process's affinity now (the parent's, at start)."""
     usable = sorted(os.sched_getaffinity(0))
-    cpu = worker_cpu(setting, index, workers, usable)
+    return [worker_cpu(setting, index, workers, usable) for index in range(workers)]
+
+
+def pin(cpu: int | None, index: int) -> None:
+    """Pin this process, worker ``index``, and every thread it starts from now on, to ``cpu``
+    (None: leave it). Call it before the worker starts a thread. A CPU that cannot be had
+    (taken offline, or out of a cpuset changed since the plan) leaves the worker unpinned."""
+    global _unpinned
     if cpu is None:
-        return None
+        return
+    before = frozenset(os.sched_getaffinity(0))
     try:
         os.sched_setaffinity(0, {cpu})
-    except OSError as exc:  # the CPU went offline since: serve unpinned rather than fail the start
+    except OSError as exc:
         log.warning("worker %d could not be pinned to CPU %d (%s): it runs unpinned", index, cpu, exc)
-        return None
-    _unpinned = frozenset(usable)
-    log.info("worker %d pinned to CPU %d (--cpu-affinity %s, %d usable)", index, cpu, setting, len(usable))
-    return cpu
+        return
+    _unpinned = before
+    log.info("worker %d pinned to CPU %d of %d usable", index, cpu, len(before))
 
 
 def unpinned() -> frozenset[int] | None:
@@ -77,6 +84,12 @@ def unpinned() -> frozenset[int] | None:
 
 
 def unpin(cpus: frozenset[int] | None) -> None:
-    """Give this process the affinity ``cpus`` (None: leave it): a pool process of a pinned worker."""
-    if cpus:
+    """Give this process the affinity ``cpus`` (None: leave it): a pool process of a pinned
+    worker. CPUs no longer available (a cpuset changed since) are left out; with none left,
+    the process keeps the affinity it has."""
+    if not cpus:
+        return
+    try:
         os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        log.warning("an analytics pool process keeps its worker's CPU (%s)", exc)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shlex
 import time
 import uuid
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from tiny.committed_sizes import SizeTable, SizeTableError, check_all, ways_past
 from tiny.files import fsync_dir, size_of, write_durably
 from tiny.flushlock import FlushLock
 from tiny.intent import FINISHED, LIVE, FileSpan, IntentFile, parse
-from tiny.journal_meta import bounds_of, bounds_text
+from tiny.journal_meta import bounds_of, bounds_text, seconds_text
 from tiny.keys import KeyStore
 from tiny.refusals import NEW_JOURNAL_FLAG, Found
 
@@ -112,13 +113,20 @@ def pin_key_bounds(keys: KeyStore, data_dir: Path) -> None:
         return
     if found == mine:
         return
-    window, max_keys = bounds_of(found)
+    window = seconds_text(keys.window)
+    change = f"tiny-admin set-key-bounds {shlex.quote(str(data_dir))} {window} {keys.max_keys}"
+    try:
+        kept_window, kept_max = bounds_of(found)
+    except ValueError:
+        raise Refused(
+            f"the journal of {data_dir} records its key bounds as {found[:64]!r}, which is not a window and a "
+            f"bound: stop every server on {data_dir}, then run: {change}"
+        ) from None
     raise Refused(
-        f"the journal of {data_dir} keeps Idempotency-Keys for {window:g} s and at most {max_keys:,}, and this "
-        f"server was started with --idempotency-window {keys.window:g} --idempotency-max-keys {keys.max_keys}: "
-        "every server on a data dir must keep keys alike (else a retry one answers as stored, another writes "
-        f"again). To change them, stop every server on {data_dir}, then run: tiny-admin set-key-bounds "
-        f"{data_dir} {keys.window:g} {keys.max_keys}"
+        f"the journal of {data_dir} keeps Idempotency-Keys for {seconds_text(kept_window)} s and at most "
+        f"{kept_max:,}, and this server was started with --idempotency-window {window} --idempotency-max-keys "
+        f"{keys.max_keys}: every server on a data dir must keep keys alike (else a retry one answers as stored, "
+        f"another writes again). To change them, stop every server on {data_dir}, then run: {change}"
     )
 
 

@@ -9,7 +9,9 @@ closed at once instead (tiny.httpserver).
 
 from __future__ import annotations
 
+import os
 import resource
+from pathlib import Path
 
 from tiny import keylog
 from tiny.config import Config
@@ -24,10 +26,22 @@ def sink_files(config: Config) -> int:
 
 
 def key_log_files(config: Config) -> int:
-    """Key log segments a worker holds open at most (tiny.keylog): one descriptor each, for
-    ``--idempotency-max-keys`` keys of the biggest records (about 390 at the default bound);
-    none in cluster mode, whose keys are in PostgreSQL."""
-    return 0 if config.cluster else keylog.segments_for(config.idempotency_max_keys)
+    """Key log segments a worker holds open (tiny.keylog), one descriptor each: those
+    ``--idempotency-max-keys`` keys of the biggest records span (388 at the default bound), or
+    the segments the log has now and two more, when it is longer (a bound lowered over a log
+    written under a higher one, which expiry shortens step by step); none in cluster mode,
+    whose keys are in PostgreSQL."""
+    if config.cluster:
+        return 0
+    return max(keylog.segments_for(config.idempotency_max_keys), _segments_now(config.data_dir) + 2)
+
+
+def _segments_now(data_dir: Path) -> int:
+    try:
+        with os.scandir(data_dir / keylog.KEYS_DIR) as entries:
+            return sum(1 for entry in entries if keylog.segment_number(entry.name) is not None)
+    except OSError:  # no log yet
+        return 0
 
 
 def raise_limit() -> int:

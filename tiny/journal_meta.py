@@ -46,6 +46,12 @@ def bounds_of(text: bytes) -> tuple[float, int]:
     return float(window), int(max_keys)
 
 
+def seconds_text(window: float) -> str:
+    """``window`` as a flag takes it back exactly: ``86400``, ``0.5``, ``1234567`` (never ``1.23457e+06``)."""
+    short = f"{window:g}"
+    return short if float(short) == window else repr(float(window))
+
+
 class JournalMeta:
     """The meta database at ``path``; see the module docstring."""
 

@@ -58,7 +58,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from tiny import __version__, codec, descriptors, metrics, profiling
+from tiny import __version__, affinity, codec, descriptors, metrics, profiling
 from tiny.analytics import cpu
 from tiny.commit import CommitError
 from tiny.commit.local import LocalCommit
@@ -212,9 +212,10 @@ def serve(config: Config) -> int:
         # before the fork: every worker's pool processes share the one quota
         cpu.prepare(config.analytics_cpu, f"{cpu.PREFIX}{os.getpid()}")
         log.info("analytics CPU: %s", cpu.MODE)
+        cpus = affinity.plan(config.cpu_affinity, count)  # once, from the affinity the server started with
         if in_process:  # no fork: kernprof and debuggers see the work in this process
-            return run_worker(dataclasses.replace(config, processes=count), sockets[0])
-        return _Supervisor(config, sockets).run()
+            return run_worker(config, sockets[0], cpu=cpus[0])
+        return _Supervisor(config, sockets, cpus).run()
     finally:
         cpu.remove(cpu.CGROUP)
         shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -256,9 +257,10 @@ class _Supervisor:
     stalled, and stops the workers, with a deadline, when asked to.
     """
 
-    def __init__(self, config: Config, sockets: list[socket.socket]) -> None:
+    def __init__(self, config: Config, sockets: list[socket.socket], cpus: list[int | None]) -> None:
         self.config = config
         self.sockets = sockets
+        self.cpus = cpus  # each worker's core (tiny.affinity), the same for its replacements
         self.heartbeats = Heartbeats(len(sockets))
         # cluster mode: the follower, in the slot after the workers', its status shared with them
         self.follower = FollowerStatus() if config.cluster else None
@@ -458,7 +460,7 @@ class _Supervisor:
                     parent_pid=parent,
                     beat=(self.heartbeats, index),
                     follower=self.follower,
-                    index=index,
+                    cpu=self.cpus[index],
                 )
         except BaseException:
             traceback.print_exc()

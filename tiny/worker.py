@@ -62,17 +62,17 @@ def run_worker(
     parent_pid: int | None = None,
     beat: tuple[Heartbeats, int] | None = None,
     follower: FollowerStatus | None = None,
-    index: int = 0,
+    cpu: int | None = None,
 ) -> int:
     """Serve on ``sock`` until told to stop; returns the process exit code (0 = clean).
 
     ``parent_pid``: the supervising parent; when it goes away the worker shuts down
     instead of serving on as an orphan. ``beat``: the parent's heartbeat slots and this
     worker's index in them. ``follower``: cluster mode's follower status (tiny.follower_status).
-    ``index``: the worker's number, which ``--cpu-affinity`` pins by (tiny.affinity), first
-    thing: every thread the worker starts shares its core.
+    ``cpu``: the core the parent's plan pins this worker to (tiny.affinity; None: unpinned),
+    first thing: every thread the worker starts shares it.
     """
-    affinity.pin(config.cpu_affinity, index, config.worker_count())
+    affinity.pin(cpu, beat[1] if beat is not None else 0)
     # A write past RLIMIT_FSIZE must fail with EFBIG (-> 503), not kill the worker.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     code = asyncio.run(_serve(config, sock, parent_pid, beat, follower))
