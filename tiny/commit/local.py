@@ -65,7 +65,8 @@ _WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for (or another's holding of) t
 class LocalCommit:
     """The journal of ``data_dir``; see the module docstring. ``headers`` maps a file suffix to
     the bytes that open every new file with that suffix; ``crash_at``: tiny.crashpoints;
-    ``cluster``: tiny.datadir ``open_journal``'s (False: a server of one host)."""
+    ``cluster``: tiny.datadir ``open_journal``'s (False: a server of one host, which also holds
+    the journal's key window and bound to its own)."""
 
     def __init__(
         self,
@@ -80,11 +81,9 @@ class LocalCommit:
         crash_at: str = "",
         cluster: bool | None = None,
         segment_bytes: int = SEGMENT_BYTES,
-        pin_bounds: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.cluster = cluster  # tiny.datadir open_journal's: False refuses a data dir that follows a cluster
-        self.pin_bounds = pin_bounds  # a server's: the journal's key window and bound must be these (tiny.datadir)
         self.fsync = fsync
         self.keys = KeyStore(
             layout.journal_path(self.data_dir),
@@ -121,7 +120,6 @@ class LocalCommit:
             mode=config.journal_mode,
             lock_timeout=config.lock_timeout,
             cluster=False,
-            pin_bounds=True,
             **extra,
         )
 
@@ -159,7 +157,7 @@ class LocalCommit:
                 accept_new=accept_new,
                 check_sizes=check_sizes,
                 cluster=self.cluster,
-                bounds=self.pin_bounds,
+                bounds=self.cluster is False,  # a server of one host: its key bounds are the journal's
             )
         except (sqlite3.Error, OSError) as exc:
             self.close()
