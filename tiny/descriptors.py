@@ -9,9 +9,7 @@ closed at once instead (tiny.httpserver).
 
 from __future__ import annotations
 
-import os
 import resource
-from pathlib import Path
 
 from tiny import keylog
 from tiny.config import Config
@@ -33,15 +31,8 @@ def key_log_files(config: Config) -> int:
     whose keys are in PostgreSQL."""
     if config.cluster:
         return 0
-    return max(keylog.segments_for(config.idempotency_max_keys), _segments_now(config.data_dir) + 2)
-
-
-def _segments_now(data_dir: Path) -> int:
-    try:
-        with os.scandir(data_dir / keylog.KEYS_DIR) as entries:
-            return sum(1 for entry in entries if keylog.segment_number(entry.name) is not None)
-    except OSError:  # no log yet
-        return 0
+    now = len(keylog.segment_numbers(str(config.data_dir / keylog.KEYS_DIR)))
+    return max(keylog.segments_for(config.idempotency_max_keys), now + 2)
 
 
 def raise_limit() -> int:

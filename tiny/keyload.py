@@ -60,7 +60,7 @@ from tiny.keylog import (
     place,
     records,
     segment_name,
-    segment_number,
+    segment_numbers,
     split,
 )
 from tiny.refusals import Found
@@ -124,11 +124,7 @@ class KeyReader(JournalMeta):
 
     def segments(self) -> list[int]:
         """The numbers of the log's segments on disk, oldest first."""
-        try:
-            names = os.listdir(self._dir)
-        except FileNotFoundError:
-            return []
-        return sorted(number for name in names if (number := segment_number(name)) is not None)
+        return segment_numbers(self._dir)
 
     def holds_keys(self) -> bool:
         """Whether the key log holds any record (read or not: a segment with bytes)."""

@@ -25,6 +25,7 @@ digest and answer stay on disk).
 from __future__ import annotations
 
 import functools
+import os
 import struct
 import zlib
 from array import array
@@ -62,6 +63,16 @@ def segments_for(max_keys: int, segment_bytes: int = SEGMENT_BYTES) -> int:
     """Segments a log of ``max_keys`` keys spans at most, each a descriptor every process holds:
     full ones of the biggest records, the newest and one more that expiry has yet to walk past."""
     return -(-max_keys * MAX_RECORD // segment_bytes) + 2
+
+
+def segment_numbers(directory: str) -> list[int]:
+    """The numbers of the segments in ``directory`` (a data dir's KEYS_DIR), oldest first; none
+    when it does not exist."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(number for name in names if (number := segment_number(name)) is not None)
 
 
 def place(segment: int, offset: int) -> int:
