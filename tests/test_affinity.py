@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from tests.support import Server, record, wait_for
-from tiny import affinity, config
+from tiny import affinity, config, procfs
 
 USABLE = sorted(os.sched_getaffinity(0))
 needs_two_cpus = pytest.mark.skipif(len(USABLE) < 2, reason="pinning is seen only with two usable CPUs or more")
@@ -46,10 +46,6 @@ def spawned_by_pool(pid: int) -> bool:
         return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-
-
-def children_of(pid: int) -> list[int]:
-    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def test_auto_pins_worker_i_to_the_i_th_cpu_when_there_is_a_worker_per_cpu() -> None:
@@ -114,7 +110,7 @@ def test_a_pinned_workers_analytics_pool_may_use_every_cpu(tmp_path: Path) -> No
         pools: list[int] = []
 
         def pool_started() -> bool:
-            pools[:] = [child for pid in server.worker_pids() for child in children_of(pid)]
+            pools[:] = [child for pid in server.worker_pids() for child in procfs.children(pid)]
             return any(spawned_by_pool(pid) for pid in pools)
 
         assert wait_for(pool_started, 10)  # the answers lane's pool starts with its worker

@@ -1,6 +1,6 @@
-"""Processes read from /proc, for the test harnesses that start servers of other programs
-(tiny.testing_pg): a process's stat and command line, every live process, a bounded wait for
-pids to go, and signals that ignore processes already gone. Linux only."""
+"""Processes read from /proc, for the test harnesses that start servers (tiny.testing,
+tiny.testing_pg): a process's stat, children and command line, every live process, a bounded
+wait for pids to go, and signals that ignore processes already gone. Linux only."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def unreaped(proc: subprocess.Popen[bytes] | None) -> int:
@@ -24,6 +25,14 @@ class Proc:
     ppid: int
     session: int
     comm: str
+
+
+def children(pid: int) -> list[int]:
+    """The pids of the children of ``pid``'s main thread (none when it is gone)."""
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def stat(pid: int) -> Proc | None:

@@ -26,6 +26,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from tiny import procfs
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app.py"
 SAMPLE_DAY = ROOT.parent / "shared" / "data" / "cran-logs" / "2014-05-04.csv.gz"
@@ -311,11 +313,7 @@ class Server(_Client):
     def worker_pids(self) -> set[int]:
         """The pids of the server's workers: its parent's children (a worker's own children,
         the analytics pool, are not among them)."""
-        try:
-            children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
-        except OSError:
-            return set()
-        return {int(pid) for pid in children}
+        return set(procfs.children(self.pid))
 
     def worker_pid(self, timeout: float = 5.0) -> int:
         """The pid of the one worker of a one-worker server (waiting for it to run)."""
