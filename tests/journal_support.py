@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tiny import layout
 from tiny.commit import Claim, CommitError, Receipt
 from tiny.commit.local import LocalCommit
 
@@ -44,6 +46,16 @@ def flush(journal: LocalCommit, name: str, rows: bytes, *keys: str) -> Receipt:
     keys on appends of their own that write nothing."""
     first = [Append({name: rows}, Claim(keys[0], b"d", b"a") if keys else None)]
     return journal.commit([*first, *(Append({}, claim) for claim in claims(*keys[1:]))], time.monotonic() + 5)
+
+
+def previous_format_keys(data: Path, *keys: tuple[int, str, bytes, bytes]) -> None:
+    """Give the journal of ``data`` the previous format's keys table, holding ``keys`` (seq, key,
+    digest, answer), each stored now."""
+    db = sqlite3.connect(layout.journal_path(data))
+    db.execute("CREATE TABLE idempotency_keys (seq INTEGER PRIMARY KEY, key TEXT UNIQUE, digest, answer, stored)")
+    db.executemany("INSERT INTO idempotency_keys VALUES (?, ?, ?, ?, ?)", [(*key, time.time()) for key in keys])
+    db.commit()
+    db.close()
 
 
 def refusal(data: Path, accept_new: bool = False, **kwargs: object) -> str:

@@ -8,12 +8,11 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
 
-from tests.journal_support import flush, opened, refusal
+from tests.journal_support import flush, opened, previous_format_keys, refusal
 from tiny import layout
 from tiny.commit import Refused
 from tiny.commit.local import LocalCommit
@@ -117,10 +116,7 @@ def test_a_data_dir_copied_while_a_flush_ran_is_refused(tmp_path: Path) -> None:
 
 def test_a_journal_of_the_earlier_format_is_refused_and_new_journal_replaces_it(tmp_path: Path) -> None:
     layout.state_dir(tmp_path).mkdir()
-    db = sqlite3.connect(layout.journal_path(tmp_path))
-    db.execute("CREATE TABLE idempotency_keys (seq INTEGER PRIMARY KEY, key TEXT UNIQUE, digest, answer, stored)")
-    db.commit()
-    db.close()
+    previous_format_keys(tmp_path)  # and no meta
     layout.intent_path(tmp_path).write_bytes(b"")
     assert "earlier format" in refusal(tmp_path)
     opened(tmp_path, accept_new=True).close()

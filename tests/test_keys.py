@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.journal_support import Append, claims, commit_keys, flush, opened
+from tests.journal_support import Append, claims, commit_keys, flush, opened, previous_format_keys
 from tiny import layout
 from tiny.commit import Claim, Refused, Stored, Unavailable
 from tiny.commit.local import LocalCommit
@@ -190,11 +190,7 @@ def test_a_flush_expires_at_most_twice_its_keys_plus_eight_of_a_backlog(tmp_path
 def test_the_keys_of_a_journal_of_the_previous_format_are_copied_into_the_log(tmp_path: Path) -> None:
     journal = opened(tmp_path)
     journal.close()
-    db = sqlite3.connect(layout.journal_path(tmp_path))
-    db.execute("CREATE TABLE idempotency_keys (seq INTEGER PRIMARY KEY, key TEXT UNIQUE, digest, answer, stored)")
-    db.execute("INSERT INTO idempotency_keys VALUES (1, 'old', x'6464', x'6161', ?)", (time.time(),))
-    db.commit()
-    db.close()
+    previous_format_keys(tmp_path, (1, "old", b"dd", b"aa"))
     again = opened(tmp_path)
     assert commit_keys(again, claims("old", "new")).decisions == [Stored(b"dd", b"aa"), None]
     db = sqlite3.connect(layout.journal_path(tmp_path))
@@ -348,11 +344,7 @@ def test_an_upgrade_over_a_flush_of_the_previous_format_killed_after_its_keys_co
         journal.intent.write([FileSpan("d.csv", 2, 4, False)], "k1")
         (tmp_path / "d.csv").write_bytes(b"h\n1\n")
     journal.close()
-    db = sqlite3.connect(layout.journal_path(tmp_path))
-    db.execute("CREATE TABLE idempotency_keys (seq INTEGER PRIMARY KEY, key TEXT UNIQUE, digest, answer, stored)")
-    db.execute("INSERT INTO idempotency_keys VALUES (7, 'k1', x'64', x'61', ?)", (time.time(),))
-    db.commit()
-    db.close()
+    previous_format_keys(tmp_path, (7, "k1", b"d", b"a"))
     again = opened(tmp_path)
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n"
     assert commit_keys(again, claims("k1")).decisions == [Stored(b"d", b"a")]
