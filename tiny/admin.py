@@ -80,7 +80,7 @@ from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
 from tiny.config import host_name, max_keys, seconds
 from tiny.files import size_of
-from tiny.journal_meta import MODES, bounds_of, bounds_text, seconds_text, stored_mode
+from tiny.journal_meta import MODES, bounds_text, described, seconds_text, stored_mode
 from tiny.keylog import KEYS_DIR, records, segment_number
 from tiny.refusals import Found
 
@@ -265,10 +265,9 @@ def set_key_bounds(data_dir: Path, window: float, max_keys: int, lock_timeout: f
     if before is None:
         return "none"
     try:
-        window_before, max_keys_before = bounds_of(before)
+        return f"{described(before)} keys"
     except ValueError:
         return f"a damaged record ({before[:64]!r})"
-    return f"{seconds_text(window_before)} s and at most {max_keys_before:,} keys"
 
 
 def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:

@@ -40,7 +40,7 @@ from tiny.committed_sizes import SizeTable, SizeTableError, check_all, ways_past
 from tiny.files import fsync_dir, size_of, write_durably
 from tiny.flushlock import FlushLock
 from tiny.intent import FINISHED, LIVE, FileSpan, IntentFile, parse
-from tiny.journal_meta import bounds_of, bounds_text, seconds_text
+from tiny.journal_meta import bounds_text, described, seconds_text
 from tiny.keys import KeyStore
 from tiny.refusals import NEW_JOURNAL_FLAG, Found
 
@@ -116,15 +116,15 @@ def pin_key_bounds(keys: KeyStore, data_dir: Path) -> None:
     window = seconds_text(keys.window)
     change = f"tiny-admin set-key-bounds {shlex.quote(str(data_dir))} {window} {keys.max_keys}"
     try:
-        kept_window, kept_max = bounds_of(found)
+        kept = described(found)
     except ValueError:
         raise Refused(
             f"the journal of {data_dir} records its key bounds as {found[:64]!r}, which is not a window and a "
             f"bound: stop every server on {data_dir}, then run: {change}"
         ) from None
     raise Refused(
-        f"the journal of {data_dir} keeps Idempotency-Keys for {seconds_text(kept_window)} s and at most "
-        f"{kept_max:,}, and this server was started with --idempotency-window {window} --idempotency-max-keys "
+        f"the journal of {data_dir} keeps Idempotency-Keys for {kept}, and this server was started with "
+        f"--idempotency-window {window} --idempotency-max-keys "
         f"{keys.max_keys}: every server on a data dir must keep keys alike (else a retry one answers as stored, "
         f"another writes again). To change them, stop every server on {data_dir}, then run: {change}"
     )

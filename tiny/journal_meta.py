@@ -46,6 +46,12 @@ def bounds_of(text: bytes) -> tuple[float, int]:
     return float(window), int(max_keys)
 
 
+def described(text: bytes) -> str:
+    """A ``key_bounds`` row in words: "86400 s and at most 10,000,000" (ValueError: not one)."""
+    window, max_keys = bounds_of(text)
+    return f"{seconds_text(window)} s and at most {max_keys:,}"
+
+
 def seconds_text(window: float) -> str:
     """``window`` as a flag takes it back exactly: ``86400``, ``0.5``, ``1234567`` (never ``1.23457e+06``)."""
     short = f"{window:g}"
