@@ -467,3 +467,48 @@ def test_a_segment_deleted_by_hand_before_an_idle_journal_read_it_refuses_its_ne
     assert (tmp_path / segment_name(3)).exists()  # precondition: segments after it are left
     with pytest.raises(Refused, match="deleted"):
         commit_keys(idle, claims("k29"))
+
+
+def test_a_journal_that_flushes_keys_seldom_expires_as_fast_as_the_log_grows(tmp_path: Path) -> None:
+    """Two journals of one data dir, one storing 20 keys for each the other stores: the seldom
+    one reads the others' records at its flushes, and expires as many as it reads, so its
+    table and its open segments stay within the bound (a budget of its own keys alone let
+    both grow with the log: deleted segments held open, their keys in memory)."""
+    busy = opened(tmp_path, max_keys=50, segment_bytes=1000)
+    seldom = opened(tmp_path, max_keys=50, segment_bytes=1000)
+    for n in range(60):
+        for m in range(20):
+            commit_keys(busy, claims(f"busy{n}-{m}", answer=b"x" * 40))
+        commit_keys(seldom, claims(f"seldom{n}", answer=b"x" * 40))
+    keys_per_segment = 1000 // len(encode(1, 0.0, FIRST, b"busy59-19", b"d", b"x" * 40)) + 1
+    assert busy.keys.table.size <= 50 + keys_per_segment  # precondition: the busy one holds the bound
+    assert seldom.keys.table.size <= 50 + 2 * keys_per_segment
+    assert seldom.keys.segment_count <= busy.keys.segment_count + 1
+    held = [os.readlink(f"/proc/self/fd/{fd}") for fd in seldom.keys._fds.values()]
+    assert not [target for target in held if target.endswith(" (deleted)")]
+
+
+def test_a_journal_that_flushes_without_keys_lets_go_of_segments_others_expired(tmp_path: Path) -> None:
+    """A journal whose flushes carry no key (never deciding one) still closes, at its first
+    flush a second after the last that looked, the segments another journal's expiry deleted:
+    their disk space is freed."""
+    (tmp_path / "d.csv").write_bytes(b"h\n")
+    busy = opened(tmp_path, window=0.2, segment_bytes=1000)
+    for n in range(30):
+        commit_keys(busy, claims(f"old{n}", answer=b"x" * 100))
+    keyless = opened(tmp_path, window=0.2, segment_bytes=1000)  # it reads those segments at its start
+    flush(keyless, "d.csv", b"1\n")
+    time.sleep(0.3)
+    for n in range(30):
+        commit_keys(busy, claims(f"new{n}", answer=b"x" * 100))
+
+    def deleted_held() -> list[str]:
+        held = [os.readlink(f"/proc/self/fd/{fd}") for fd in keyless.keys._fds.values()]
+        return [target for target in held if target.endswith(" (deleted)")]
+
+    flush(keyless, "d.csv", b"2\n")
+    assert deleted_held()  # within the second: busy's expiry deleted segments the keyless one holds
+    time.sleep(1.1)
+    flush(keyless, "d.csv", b"3\n")
+    assert deleted_held() == []
+    assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n3\n"

@@ -3,11 +3,14 @@
 A key counts for ``window`` seconds, and only while it is among the newest ``max_keys`` (those
 of the newest flush always count). Keys leave in the order they came, so expiry is a cursor
 over the key log (``.tiny/keys/NNNNNNNN.log``, tiny.keylog), from its oldest record on: after
-each flush with keys it drops at most twice the flush's new keys plus :data:`EXPIRE_SLACK`
-from memory, so no flush pays for a backlog. It reads the cursor's segment :data:`_WALK_READ`
-bytes at a time; a commit that expires nothing reads nothing (the record at the cursor is
-remembered). A segment walked past whole is deleted (never the newest), its committed size
-forgotten first (``on_drop``), and its descriptor closed; there is no rewrite.
+each flush with keys it drops from memory at most twice the keys the log grew by since its
+last expiry (the flush's own, and the others' that the flush read) plus :data:`EXPIRE_SLACK`.
+So no flush pays for a backlog, and a process that stores few keys of its own keeps pace with
+the log all the same: its table and its open segments stay within the bound. It reads the
+cursor's segment :data:`_WALK_READ` bytes at a time; a commit that expires nothing reads
+nothing (the record at the cursor is remembered). A segment walked past whole is deleted
+(never the newest), its committed size forgotten first (``on_drop``), and its descriptor
+closed; there is no rewrite.
 
 Locking: the data dir's flush lock held by the caller (after the flush's commit point), one
 thread. Another process may have deleted a segment first: its absence is no error.
@@ -24,7 +27,7 @@ from pathlib import Path
 from tiny.keyload import KeyReader
 from tiny.keylog import FIXED, Record, decode, key_hash, place, segment_name
 
-EXPIRE_SLACK = 8  # a commit with k new keys expires at most 2k + EXPIRE_SLACK old ones
+EXPIRE_SLACK = 8  # a commit after the log grew by k keys expires at most 2k + EXPIRE_SLACK old ones
 _WALK_READ = 1 << 16  # bytes expiry reads of the oldest segment at a time
 
 
@@ -43,9 +46,14 @@ class KeyExpiry(KeyReader):
         self._walk_base = -1  # offset of _walk_buf in the cursor's segment
         self._oldest: tuple[int, float] | None = None  # (seq, stored) of the record at expiry's cursor
 
+    def _expire_grown(self) -> None:
+        """Expire at most twice the keys the log grew by since the last expiry, plus EXPIRE_SLACK."""
+        self._expire(2 * max(self.newest - self._expired_at, 0) + EXPIRE_SLACK)
+
     def _expire(self, limit: int) -> None:
         """Drop from memory the oldest keys that no longer count, at most ``limit``; delete each
         segment walked past whole (never the newest). Updates ``count``."""
+        self._expired_at = self.newest
         cutoff = time.time() - self.window
         done = 0
         while True:

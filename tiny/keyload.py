@@ -106,6 +106,7 @@ class KeyReader(JournalMeta):
         self._loading = False  # load() is (or is to be) under way, on another thread
         self.unreadable = -1  # the place of a record read whole once that no longer is (_record_at)
         self._floor = 0  # records up to this seq can never count again: load() leaves them out
+        self._expired_at = 0  # ``newest`` at the last expiry (tiny.keyexpiry) or load: the log's growth since
 
     @property
     def segment_count(self) -> int:
@@ -184,6 +185,7 @@ class KeyReader(JournalMeta):
             if noted[number] > start:
                 self._read(number, start, noted[number], cut=False)
         if not self.stop_loading:
+            self._expired_at = self.newest  # expiry's budget counts the log's growth from here
             self._loading = False
 
     def _bound_floor(self, noted: dict[int, int]) -> int:

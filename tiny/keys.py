@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 
 from tiny.commit import Claim, Stored
-from tiny.keyexpiry import EXPIRE_SLACK, KeyExpiry
+from tiny.keyexpiry import KeyExpiry
 from tiny.keylog import FIRST, FIXED, KEY_LENGTH_AT, encode, key_hash, place, segment_name, split
 from tiny.refusals import Found
 
@@ -119,9 +119,12 @@ class KeyStore(KeyExpiry):
     def commit(self, size_before: int | None = None) -> None:
         """After a flush's commit point: its new keys into memory (``size_before``: the size of
         their segment before the flush wrote them, from its intent; or they are read back from
-        the log), then expire at most twice as many plus EXPIRE_SLACK of the oldest."""
+        the log), then expire at most twice the keys the log grew by (these and the others' the
+        flush read) plus EXPIRE_SLACK of the oldest."""
         new, self._new = self._new, []
         if not new:
+            if self.newest > self._expired_at and not self._loading:  # replays only, the others' records read
+                self._expire_grown()
             return
         number, data = self._new_at
         if size_before is not None and size_before == self._ends.get(number, 0) and self._take_own(number, size_before):
@@ -135,7 +138,18 @@ class KeyStore(KeyExpiry):
             self.last = (self._want.decode(), seq, time.time())
         else:
             self.refresh()
-        self._expire(2 * len(new) + EXPIRE_SLACK)
+        self._expire_grown()
+
+    def catch_up(self) -> None:
+        """For a process whose flushes carry no key (its caller's pace: at most once a second,
+        the keys read): read what the others appended, and expire as :meth:`commit` does, so
+        that the segments their expiry deleted are let go here too (their disk space freed). A
+        log found damaged is left for the next flush with keys to refuse."""
+        try:
+            self.refresh()
+        except Found:
+            return
+        self._expire_grown()
 
     def _take_own(self, number: int, size_before: int) -> bool:
         """Whether this process reads segment ``number`` on from ``size_before`` (it made it: opened now)."""
