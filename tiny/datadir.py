@@ -292,8 +292,8 @@ class _Opening:
             return []
         if record.last is not None:
             key, seq, stored = record.last
-            newest = self.keys.last[1] if self.keys.last else 0
-            if not self.keys.is_stored(key) and newest < seq and stored > time.time() - self.keys.window + _CLOCK_SLACK:
+            recent = stored > time.time() - self.keys.window + _CLOCK_SLACK
+            if not self.keys.is_stored(key) and self.keys.newest < seq and recent:
                 raise Found(
                     f"the journal {self.keys.path} lacks the key {key!r} (seq {seq}) that {self.intent.path} says "
                     f"was committed at {datetime.fromtimestamp(stored, UTC):%Y-%m-%d %H:%M:%S} UTC: it lost commits "

@@ -55,7 +55,7 @@ class KeyStore(KeyExpiry):
         an earlier append of this flush has it). Reads the log's new records first (:meth:`refresh`)."""
         self.refresh()
         now = time.time()
-        decided: dict[str, Stored] = {}
+        decided: dict[str, Claim | Stored] = {}
         decisions: list[Stored | None] = []
         new: list[bytes] = []
         self._new = []
@@ -66,6 +66,8 @@ class KeyStore(KeyExpiry):
                 continue
             known = decided.get(claim.key)
             if known is not None:
+                if isinstance(known, Claim):  # a new key of this flush: answered as its first append
+                    known = decided[claim.key] = Stored(known.digest, known.answer)
                 decisions.append(known)
                 continue
             key = claim.key.encode()
@@ -75,7 +77,7 @@ class KeyStore(KeyExpiry):
                 decided[claim.key] = stored
                 decisions.append(stored)
                 continue
-            decided[claim.key] = Stored(claim.digest, claim.answer)
+            decided[claim.key] = claim
             decisions.append(None)
             seq += 1
             record = encode(seq, now, 0 if new else FIRST, key, claim.digest, claim.answer)
@@ -133,9 +135,7 @@ class KeyStore(KeyExpiry):
                 self._want = data[offset + FIXED : offset + FIXED + data[offset + KEY_LENGTH_AT]]
                 self.table.put(h, base + offset, self._same)
             self._ends[number] = size_before + len(data)
-            seq = new[-1][2]
-            self._flush_first, self.newest = new[0][2], seq
-            self.last = (self._want.decode(), seq, time.time())
+            self._flush_first, self.newest = new[0][2], new[-1][2]
         else:
             self.refresh()
         self._expire_grown()
