@@ -512,3 +512,19 @@ def test_a_journal_that_flushes_without_keys_lets_go_of_segments_others_expired(
     flush(keyless, "d.csv", b"3\n")
     assert deleted_held() == []
     assert (tmp_path / "d.csv").read_bytes() == b"h\n1\n2\n3\n"
+
+
+def test_a_journal_opened_before_the_log_began_finds_it_after_its_first_segment_expired(tmp_path: Path) -> None:
+    """A journal opened while the log had no segment yet, whose first look comes after another
+    journal's expiry deleted segment 1: it reads on from the oldest segment left, so it replays
+    the keys the other stored (and never starts segment 1 again, at seq 1)."""
+    late = opened(tmp_path, max_keys=50, segment_bytes=1000)  # the log has no segment yet
+    busy = opened(tmp_path, max_keys=50, segment_bytes=1000)
+    for n in range(100):
+        commit_keys(busy, claims(f"k{n}", digest=b"dk", answer=b"x" * 40))
+    left = sorted(segment_number(p.name) for p in layout.state_dir(tmp_path).joinpath("keys").iterdir())
+    assert left[0] > 1  # precondition: segment 1 was expired before the late journal read it
+    assert commit_keys(late, claims("k99")).decisions == [Stored(b"dk", b"x" * 40)]
+    assert commit_keys(late, claims("late-new")).decisions == [None]
+    assert commit_keys(busy, claims("late-new")).decisions == [Stored(b"d", b"a")]
+    assert not (layout.state_dir(tmp_path) / "keys" / "00000001.log").exists()

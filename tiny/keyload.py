@@ -210,7 +210,15 @@ class KeyReader(JournalMeta):
             if fd is None:
                 fd = self._open_segment(number)
                 if fd is None:
-                    return
+                    if number in self._ends:
+                        return
+                    # Never read here (this process attached before the log had it): another
+                    # process's expiry may have deleted it since, with segments after it.
+                    following = self._next_segment(number - 1)
+                    if following is None:
+                        return  # no log yet
+                    self._segment = following
+                    continue
             size = os.fstat(fd).st_size
             end = self._ends.get(number, 0)
             if size > end:
