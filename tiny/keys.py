@@ -144,7 +144,11 @@ class KeyStore(KeyExpiry):
         """For a process whose flushes carry no key (its caller's pace: at most once a second,
         the keys read): read what the others appended, and expire as :meth:`commit` does, so
         that the segments their expiry deleted are let go here too (their disk space freed). A
-        log found damaged is left for the next flush with keys to refuse."""
+        log found damaged is left for the next flush with keys to refuse. Nothing while the
+        start's reading of the log has not ended whole (under way, stopped or failed: memory
+        does not hold the log, and expiry would walk past segments it never read)."""
+        if self._loading:
+            return
         try:
             self.refresh()
         except Found:

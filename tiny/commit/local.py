@@ -286,7 +286,7 @@ class LocalCommit:
                     self._catch_up()
                 self.keys.commit(next((span.size_before for _, span in flush.opened if span.name == logged), None))
             except OSError as exc:  # committed all the same: the next flush reads the log on from here
-                log.error("could not read a committed flush's keys back (the next flush will): %s", exc)
+                log.error("could not read the key log after a committed flush (the next flush will): %s", exc)
             self.crash.reach("after-finish")
         finally:
             flush.close()
@@ -301,9 +301,8 @@ class LocalCommit:
         if now - self._caught_up < _CATCH_UP_SECONDS:
             return
         self._caught_up = now
-        loader = self._loader
-        if self._loader_started and self._load_error is None and (loader is None or not loader.is_alive()):
-            self.keys.catch_up()
+        if self._loader_started:
+            self.keys.catch_up()  # (nothing until the keys' reading has ended whole)
 
     def _write_and_commit(
         self, flush: FileFlush, files: dict[str, list[bytes]], kept: dict[str, tuple[int, int]]
