@@ -4,12 +4,11 @@ A key counts for ``window`` seconds, and only while it is among the newest ``max
 of the newest flush always count). Keys leave in the order they came, so expiry is a cursor
 over the key log (``.tiny/keys/NNNNNNNN.log``, tiny.keylog), from its oldest record on: after
 each flush with keys it drops from memory at most twice the keys the log grew by since its
-last expiry (the flush's own, and the others' that the flush read) plus :data:`EXPIRE_SLACK`,
-and never more than :data:`EXPIRE_MOST`; what that cap leaves is owed to the next commits. So
-no flush pays for a backlog (a data dir idle for a day, a process idle while others wrote),
-and a process that stores few keys of its own keeps pace with the log all the same, its table
-and its open segments within the bound, as long as it commits at least once per
-``EXPIRE_MOST / 2`` keys the log grows by. It reads the
+last expiry (the flush's own, and the others' that the flush read) plus :data:`EXPIRE_SLACK`:
+a flush's expiry is linear in what it wrote and read anyway, so no flush pays for a backlog
+of keys aged past the window (a data dir idle for a day), and a process that stores few keys
+of its own keeps pace with the log all the same, its table and its open segments within the
+bound. It reads the
 cursor's segment :data:`_WALK_READ` bytes at a time; a commit that expires nothing reads
 nothing (the record at the cursor is remembered). A segment walked past whole is deleted
 (never the newest), its committed size forgotten first (``on_drop``), and its descriptor
@@ -31,7 +30,6 @@ from tiny.keyload import KeyReader
 from tiny.keylog import FIXED, Record, decode, key_hash, place, segment_name
 
 EXPIRE_SLACK = 8  # a commit after the log grew by k keys expires at most 2k + EXPIRE_SLACK old ones
-EXPIRE_MOST = 4096  # and at most this many (about 10 ms): a backlog owed is worked off over the next commits
 _WALK_READ = 1 << 16  # bytes expiry reads of the oldest segment at a time
 
 
@@ -49,18 +47,14 @@ class KeyExpiry(KeyReader):
         self._walk_buf = b""
         self._walk_base = -1  # offset of _walk_buf in the cursor's segment
         self._oldest: tuple[int, float] | None = None  # (seq, stored) of the record at expiry's cursor
-        self._owed = 0  # expiry's budget not spent for EXPIRE_MOST (nothing owed once none is due)
 
     def _expire_grown(self) -> None:
-        """Expire at most twice the keys the log grew by since the last expiry plus what earlier
-        commits left owed, plus EXPIRE_SLACK; at most EXPIRE_MOST (the rest stays owed)."""
-        self._owed += 2 * max(self.newest - self._expired_at, 0)
-        self._expire(min(self._owed + EXPIRE_SLACK, EXPIRE_MOST))
+        """Expire at most twice the keys the log grew by since the last expiry, plus EXPIRE_SLACK."""
+        self._expire(2 * max(self.newest - self._expired_at, 0) + EXPIRE_SLACK)
 
     def _expire(self, limit: int) -> None:
         """Drop from memory the oldest keys that no longer count, at most ``limit``; delete each
-        segment walked past whole (never the newest). Updates ``count``, and what is owed: none
-        once no key is due, less what was done when ``limit`` stopped it."""
+        segment walked past whole (never the newest). Updates ``count``."""
         self._expired_at = self.newest
         cutoff = time.time() - self.window
         done = 0
@@ -68,11 +62,11 @@ class KeyExpiry(KeyReader):
             if self._oldest is not None:  # known: most commits expire nothing, and read nothing
                 seq, stored = self._oldest
                 if not (stored < cutoff or (self.newest - seq + 1 > self.max_keys and seq < self._flush_first)):
-                    self.count, self._owed = self.newest - seq + 1, 0
+                    self.count = self.newest - seq + 1
                     return
             found = self._walk_record()
             if found is None:
-                self.count = self._owed = 0
+                self.count = 0
                 return
             record, where, after = found
             self._oldest = (record.seq, record.stored)
@@ -81,7 +75,6 @@ class KeyExpiry(KeyReader):
             )
             if not due or done >= limit:
                 self.count = self.newest - record.seq + 1
-                self._owed = 0 if not due else max(self._owed - done, 0)
                 return
             self.table.remove(key_hash(record.key), where)
             self.expired += 1

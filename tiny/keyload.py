@@ -210,10 +210,9 @@ class KeyReader(JournalMeta):
             if fd is None:
                 fd = self._open_segment(number)
                 if fd is None:
-                    if number in self._ends:
-                        return
                     # Never read here (this process attached before the log had it): another
-                    # process's expiry may have deleted it since, with segments after it.
+                    # process's expiry may have deleted it since, with segments after it (one
+                    # deleted by hand, its committed size known, is refused there).
                     following = self._next_segment(number - 1)
                     if following is None:
                         return  # no log yet

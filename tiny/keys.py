@@ -140,21 +140,6 @@ class KeyStore(KeyExpiry):
             self.refresh()
         self._expire_grown()
 
-    def catch_up(self) -> None:
-        """For a process whose flushes carry no key (its caller's pace: at most once a second,
-        the keys read): read what the others appended, and expire as :meth:`commit` does, so
-        that the segments their expiry deleted are let go here too (their disk space freed). A
-        log found damaged is left for the next flush with keys to refuse. Nothing while the
-        start's reading of the log has not ended whole (under way, stopped or failed: memory
-        does not hold the log, and expiry would walk past segments it never read)."""
-        if self._loading:
-            return
-        try:
-            self.refresh()
-        except Found:
-            return
-        self._expire_grown()
-
     def _take_own(self, number: int, size_before: int) -> bool:
         """Whether this process reads segment ``number`` on from ``size_before`` (it made it: opened now)."""
         if number == self._segment and number in self._fds:

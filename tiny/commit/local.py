@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tiny.commit.local")
 
 _WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for (or another's holding of) the lock before it is reported
-_CATCH_UP_SECONDS = 1.0  # a flush without keys reads the others' key records at most this often
 
 
 class LocalCommit:
@@ -107,7 +106,6 @@ class LocalCommit:
         self._loader: threading.Thread | None = None  # reads the keys after open()
         self._loader_started = False  # open() was asked for the keys
         self._load_error: Exception | None = None
-        self._caught_up = 0.0  # time.monotonic() of the last flush without keys that read the key log
 
     @classmethod
     def from_config(cls, config: Config, **extra: Any) -> LocalCommit:
@@ -282,27 +280,13 @@ class LocalCommit:
         try:
             self._write_and_commit(flush, files, kept)
             try:
-                if logged is None and not any(claims):
-                    self._catch_up()
                 self.keys.commit(next((span.size_before for _, span in flush.opened if span.name == logged), None))
             except OSError as exc:  # committed all the same: the next flush reads the log on from here
-                log.error("could not read the key log after a committed flush (the next flush will): %s", exc)
+                log.error("could not read a committed flush's keys back (the next flush will): %s", exc)
             self.crash.reach("after-finish")
         finally:
             flush.close()
         return Receipt(decisions)
-
-    def _catch_up(self) -> None:
-        """A flush without keys, at most once a second once the keys are read: the key log's new
-        records read and expired (tiny.keys ``catch_up``), so that a process whose requests carry
-        no key lets go of the segments the others' expiry deleted, and holds no more keys than
-        the bound. A few system calls a second; one that takes keyed requests never gets here."""
-        now = time.monotonic()
-        if now - self._caught_up < _CATCH_UP_SECONDS:
-            return
-        self._caught_up = now
-        if self._loader_started:
-            self.keys.catch_up()  # (nothing until the keys' reading has ended whole)
 
     def _write_and_commit(
         self, flush: FileFlush, files: dict[str, list[bytes]], kept: dict[str, tuple[int, int]]
