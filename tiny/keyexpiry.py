@@ -1,4 +1,4 @@
-"""Expiry of the idempotency keys: the oldest dropped from memory in bounded steps, whole segments deleted.
+"""Expiry of the idempotency keys: the oldest dropped from memory in step with the log, whole segments deleted.
 
 A key counts for ``window`` seconds, and only while it is among the newest ``max_keys`` (those
 of the newest flush always count). Keys leave in the order they came, so expiry is a cursor

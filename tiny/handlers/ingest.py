@@ -254,9 +254,11 @@ class IngestRequest(httputil.HTTPMessageDelegate):
         self.answered = True
         close = closes_connection(self.deps.drain, self.body_read)
         head = answer_head(status, len(body), extra)
-        written = self.connection.write_answer(head, b"" if self.method == "HEAD" else body, close)
+        # Counted before the answer is written: a client that scrapes /metrics as soon as it has
+        # its answer (the write's send releases the GIL) finds its request counted.
         seconds = time.monotonic() - self.started
         self.deps.metrics.observe_request("ingest", status, seconds)
+        written = self.connection.write_answer(head, b"" if self.method == "HEAD" else body, close)
         if status >= 500:
             access_log.error(
                 "%d %s /ingest (%s) %.2fms", status, self.method, self.connection.context.remote_ip, 1000 * seconds
