@@ -166,3 +166,50 @@ def test_an_idle_follower_is_still_seen_so_retention_keeps_the_log_for_it(
         assert applied == 1 and seen > first_seen
     finally:
         one.close()
+
+
+def test_a_second_host_reporting_under_the_same_name_is_told_in_the_followers_status(
+    log: CommitLog, follower: Callable[..., Follower]
+) -> None:
+    """Two hosts given one --host-name (two data dirs, one name): each report overwrites the
+    other's position, so retention would keep the log only for whichever reported last. The
+    first to find a position it never reported says so in its status, which /healthz reads."""
+    assert log.report("keeper", 0) is None  # a name the log held no position for; retention trims nothing now
+    for n in range(4):
+        put(log, {DAY: b"%d\n" % n})
+    first = follower("h1")
+    first.open()  # reports 0
+    first.step()
+    time.sleep(REPORT_EVERY)
+    first.idle()  # reports 4
+    put(log, {DAY: b"4\n"})
+    put(log, {DAY: b"5\n"})
+    second = follower("h1", "data2")  # the same name, another data dir
+    second.open()  # reports 0 over the first's 4: its first report, nothing of its own to tell by
+    second.step()
+    time.sleep(REPORT_EVERY)
+    second.idle()  # reports 6 over its own 0
+    assert second.clash == "" and first.clash == ""
+    first.step()  # applies 5 and 6 and reports 6 over the second's 6, a position it never reported
+    assert first.applied == 6
+    assert "another host reports to the log as follower 'h1': it held position 6" in first.clash
+    assert first.status.progress().error.startswith("another host reports to the log as follower 'h1'")
+
+
+def test_a_host_finding_an_older_position_of_its_own_in_the_log_sees_no_clash(
+    log: CommitLog, follower: Callable[..., Follower], dsn: str
+) -> None:
+    """A failover can lose a follower's newest report (reports do not wait for the standby):
+    the log then holds a position it reported before, which is no other host's."""
+    put(log, {DAY: b"a\n"})
+    one = follower("h1")
+    one.open()  # reports 0
+    one.step()
+    time.sleep(REPORT_EVERY)
+    one.idle()  # reports 1
+    on_primary(dsn, "UPDATE tiny.followers SET applied = 0 WHERE name = 'h1'")  # as the failover left it
+    put(log, {DAY: b"b\n"})
+    time.sleep(REPORT_EVERY)
+    one.step()  # reports 2 over its own 0
+    assert on_primary(dsn, "SELECT applied FROM tiny.followers WHERE name = 'h1'") == [(2,)]
+    assert one.clash == "" and one.status.progress().error == ""

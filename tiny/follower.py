@@ -27,7 +27,9 @@ What it does, over and over (:meth:`Follower.run`):
 4. publish its position for this host's reads and /healthz, and report it to the log (at most
    once a second, and at least every :data:`SEEN_EVERY` s while it is unchanged, so that an idle
    host is still seen; tiny.cluster.retention keeps the batches until every follower seen within
-   ``--follower-retention`` has applied them);
+   ``--follower-retention`` has applied them). A position the log held for its name that it
+   never reported means another host reports under the same name: it says so in its status
+   (and so in /healthz) until it restarts, and goes on;
 5. when there is nothing to read, look at the log's head (once a second), run a step of
    retention (every :data:`RETAIN_EVERY` s, on every host: its steps are harmless together),
    and wait for the log's NOTIFY (tiny.cluster.log ``CHANNEL``), or :data:`POLL` seconds.
@@ -46,6 +48,7 @@ import random
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -73,6 +76,7 @@ MAX_BATCH_FILES = 256  # files one batch may name: the sink's flushes name at mo
 POLL = 1.0  # seconds the follower waits for a NOTIFY before it reads anyway
 HEAD_EVERY = 1.0  # seconds between two looks at the log's head while there is nothing to read
 REPORT_EVERY = 1.0  # seconds between two reports of its position to the log
+_OWN_REPORTS = 16  # the last positions it reported that the log may still hold (a failover loses the newest)
 SEEN_EVERY = 30.0  # seconds at most between two reports of an unchanged position (a quarter of
 # --follower-retention when that is less): retention keeps the log only for followers seen within
 # it, so an idle host that is alive must still be seen, or a host down when traffic resumes is trimmed past
@@ -165,6 +169,8 @@ class Follower:
         self.head = 0  # the newest position seen in the log
         self.busy_since = 0.0  # time.monotonic() since the main thread is in one operation; 0 waiting
         self.error = ""
+        self.clash = ""  # another host reports under this one's name: said until the follower restarts
+        self._own: deque[int] = deque(maxlen=_OWN_REPORTS)  # positions this process reported, newest last
         self._looked = self._reported = self._retained = 0.0
         self._reported_at = -1
         self._seen_every = min(SEEN_EVERY, config.follower_retention / 4)
@@ -314,12 +320,22 @@ class Follower:
         since = now - self._reported
         changed = self.applied != self._reported_at
         if (changed and (force or since >= REPORT_EVERY)) or (self.opened and since >= self._seen_every):
-            self.log.report(self.name, self.applied)
+            before = self.log.report(self.name, self.applied)
+            if before is not None and self._own and before not in self._own and not self.clash:
+                self.clash = (
+                    f"another host reports to the log as follower {self.name!r}: it held position {before}, "
+                    f"which this host never reported. Retention keeps the log's batches until the lowest position "
+                    "reported under each name, so the host further behind may find them trimmed: give every host "
+                    "its own --host-name (the hostname by default), then restart them"
+                )
+                log.error("follower %s: %s", self.name, self.clash)
+                self._publish()
+            self._own.append(self.applied)
             self._reported, self._reported_at = now, self.applied
 
     def _publish(self) -> None:
         known = max(self.applied, -1)
-        self.status.publish(known, max(self.head, known), self.error)
+        self.status.publish(known, max(self.head, known), self.error or self.clash)
         if known >= 0:
             self.metrics.observe(known, max(self.head, known), self.status.progress().lag_seconds())
 

@@ -106,6 +106,7 @@ SELECT l.lsn, l.trimmed, f.position, c.file, c.data
 FROM l LEFT JOIN (f LEFT JOIN tiny.chunks c ON c.flush_id = f.flush_id) ON f.before < %(max)s
 ORDER BY f.position, c.file
 """
+_REPORTED = "SELECT applied FROM tiny.followers WHERE name = %s FOR UPDATE"
 _REPORT = """
 INSERT INTO tiny.followers (name, applied, seen) VALUES (%s, %s, now())
 ON CONFLICT (name) DO UPDATE SET applied = EXCLUDED.applied, seen = EXCLUDED.seen
@@ -366,17 +367,25 @@ class CommitLog:
             self._rollback(session)
             raise Unavailable(f"the primary failed during a read: {exc}", self.timeouts.retry_after) from exc
 
-    def report(self, follower: str, applied: int) -> None:
+    def report(self, follower: str, applied: int) -> int | None:
         """Record that ``follower`` has applied every position up to ``applied`` (it may go
-        back: a follower whose files were restored holds the log from there). Commits without
-        waiting for the standby: a report lost in a failover only makes retention keep more."""
+        back: a follower whose files were restored holds the log from there); returns the
+        position the log held for it before (None: none), by which a follower sees another
+        host report under its name. Commits without waiting for the standby: a report lost in
+        a failover only makes retention keep more."""
         session = self._connected()
         try:
-            statements = [("BEGIN", ()), ("SET LOCAL synchronous_commit = local", ()), (_REPORT, (follower, applied))]
-            session.run([*statements, ("COMMIT", ())])
+            statements = [
+                ("BEGIN", ()),
+                ("SET LOCAL synchronous_commit = local", ()),
+                (_REPORTED, (follower,)),
+                (_REPORT, (follower, applied)),
+            ]
+            rows = session.run([*statements, ("COMMIT", ())])[2]
         except (Lost, psycopg.Error) as exc:
             self._rollback(session)
             raise Unavailable(f"the primary failed during a report: {exc}", self.timeouts.retry_after) from exc
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
 
     def retain(self, stale_after: float = retention.STALE_AFTER, limit: int = retention.STEP) -> retention.Retained:
         """One bounded step of retention (tiny.cluster.retention): expire keys, trim applied
