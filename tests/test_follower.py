@@ -16,6 +16,7 @@ import pytest
 from tests.cluster_support import NEEDS_CLUSTER, fresh_database, on_primary, without_password
 from tiny import config, layout
 from tiny.cluster.errors import LogTrimmed
+from tiny.cluster.errors import Unavailable as LogUnavailable
 from tiny.cluster.log import Batch, CommitLog
 from tiny.follower import MAX_FLUSH_FILES, REPORT_EVERY, Follower, Unfollowable, groups
 from tiny.testing_pg import PgCluster
@@ -173,7 +174,8 @@ def test_a_second_host_reporting_under_the_same_name_is_told_in_the_followers_st
 ) -> None:
     """Two hosts given one --host-name (two data dirs, one name): each report overwrites the
     other's position, so retention would keep the log only for whichever reported last. The
-    first to find a position it never reported says so in its status, which /healthz reads."""
+    first to find a position it never reported logs it and sets its gauge, and says so until it
+    restarts; its status stays clear (its files are right: the host's reads go on)."""
     assert log.report("keeper", 0) is None  # a name the log held no position for; retention trims nothing now
     for n in range(4):
         put(log, {DAY: b"%d\n" % n})
@@ -188,12 +190,18 @@ def test_a_second_host_reporting_under_the_same_name_is_told_in_the_followers_st
     second.open()  # reports 0 over the first's 4: its first report, nothing of its own to tell by
     second.step()
     time.sleep(REPORT_EVERY)
-    second.idle()  # reports 6 over its own 0
+    second.idle()  # reports 6 over its own 0 (the second's positions: 0, 6; the first's: 0, 4)
     assert second.clash == "" and first.clash == ""
-    first.step()  # applies 5 and 6 and reports 6 over the second's 6, a position it never reported
-    assert first.applied == 6
+    put(log, {DAY: b"6\n"})
+    first.step()  # applies 5 to 7 and reports 7 over the second's 6, a position it never reported
+    assert first.applied == 7
     assert "another host reports to the log as follower 'h1': it held position 6" in first.clash
-    assert first.status.progress().error.startswith("another host reports to the log as follower 'h1'")
+    assert first.metrics.name_clash._value.get() == 1  # (prometheus_client's own value)
+    assert first.status.progress().error == ""  # (the reads and /healthz go by it)
+    put(log, {DAY: b"7\n"})
+    time.sleep(REPORT_EVERY)
+    first.step()  # reports 8, over its own 7 now: it still says so
+    assert first.clash and first.metrics.name_clash._value.get() == 1
 
 
 def test_a_host_finding_an_older_position_of_its_own_in_the_log_sees_no_clash(
@@ -213,3 +221,28 @@ def test_a_host_finding_an_older_position_of_its_own_in_the_log_sees_no_clash(
     one.step()  # reports 2 over its own 0
     assert on_primary(dsn, "SELECT applied FROM tiny.followers WHERE name = 'h1'") == [(2,)]
     assert one.clash == "" and one.status.progress().error == ""
+
+
+def test_a_report_whose_answer_was_lost_is_no_clash_when_sent_again(
+    log: CommitLog, follower: Callable[..., Follower]
+) -> None:
+    """A report that committed but whose answer was lost (the connection dropped after COMMIT):
+    the same position, sent again, finds itself in the log, which is no other host's."""
+    put(log, {DAY: b"a\n"})
+    one = follower("h1")
+    one.open()
+    one.step()
+    sent = one.log.report
+
+    def committed_then_lost(name: str, applied: int) -> int | None:
+        sent(name, applied)
+        raise LogUnavailable("the primary failed during a report: connection lost", 1)
+
+    one.log.report = committed_then_lost  # type: ignore[method-assign]
+    time.sleep(REPORT_EVERY)
+    with pytest.raises(LogUnavailable):
+        one.idle()
+    one.log.report = sent  # type: ignore[method-assign]
+    time.sleep(REPORT_EVERY)
+    one.idle()  # reports 1 again, over its own 1
+    assert one.clash == ""

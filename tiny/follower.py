@@ -28,8 +28,9 @@ What it does, over and over (:meth:`Follower.run`):
    once a second, and at least every :data:`SEEN_EVERY` s while it is unchanged, so that an idle
    host is still seen; tiny.cluster.retention keeps the batches until every follower seen within
    ``--follower-retention`` has applied them). A position the log held for its name that it
-   never reported means another host reports under the same name: it says so in its status
-   (and so in /healthz) until it restarts, and goes on;
+   never reported means another host reports under the same name: it logs an error and sets
+   ``tiny_cluster_follower_name_clash`` to 1 until it restarts, and goes on (its host's reads
+   and /healthz are unchanged: its files are right);
 5. when there is nothing to read, look at the log's head (once a second), run a step of
    retention (every :data:`RETAIN_EVERY` s, on every host: its steps are harmless together),
    and wait for the log's NOTIFY (tiny.cluster.log ``CHANNEL``), or :data:`POLL` seconds.
@@ -76,7 +77,7 @@ MAX_BATCH_FILES = 256  # files one batch may name: the sink's flushes name at mo
 POLL = 1.0  # seconds the follower waits for a NOTIFY before it reads anyway
 HEAD_EVERY = 1.0  # seconds between two looks at the log's head while there is nothing to read
 REPORT_EVERY = 1.0  # seconds between two reports of its position to the log
-_OWN_REPORTS = 16  # the last positions it reported that the log may still hold (a failover loses the newest)
+_OWN_REPORTS = 1024  # the last positions it reported, that the log may hold (a failover loses the newest)
 SEEN_EVERY = 30.0  # seconds at most between two reports of an unchanged position (a quarter of
 # --follower-retention when that is less): retention keeps the log only for followers seen within
 # it, so an idle host that is alive must still be seen, or a host down when traffic resumes is trimmed past
@@ -164,12 +165,13 @@ class Follower:
         self.status = status or FollowerStatus()
         self.listener = Listener(config.cluster) if listen else None
         self.metrics = FollowerMetrics()
+        self.metrics.name_clash.set(0)
         self.applied = -1  # the position the files hold; -1 until first read
         self.opened = False  # the data dir and the log are open, the position read
         self.head = 0  # the newest position seen in the log
         self.busy_since = 0.0  # time.monotonic() since the main thread is in one operation; 0 waiting
         self.error = ""
-        self.clash = ""  # another host reports under this one's name: said until the follower restarts
+        self.clash = ""  # another host reports under this one's name: logged, and a gauge, until it restarts
         self._own: deque[int] = deque(maxlen=_OWN_REPORTS)  # positions this process reported, newest last
         self._looked = self._reported = self._retained = 0.0
         self._reported_at = -1
@@ -320,8 +322,10 @@ class Follower:
         since = now - self._reported
         changed = self.applied != self._reported_at
         if (changed and (force or since >= REPORT_EVERY)) or (self.opened and since >= self._seen_every):
+            checked = bool(self._own)  # (a process's first report has nothing of its own to tell by)
+            self._own.append(self.applied)  # before: a report whose answer is lost may have committed
             before = self.log.report(self.name, self.applied)
-            if before is not None and self._own and before not in self._own and not self.clash:
+            if checked and before is not None and before not in self._own and not self.clash:
                 self.clash = (
                     f"another host reports to the log as follower {self.name!r}: it held position {before}, "
                     f"which this host never reported. Retention keeps the log's batches until the lowest position "
@@ -329,13 +333,12 @@ class Follower:
                     "its own --host-name (the hostname by default), then restart them"
                 )
                 log.error("follower %s: %s", self.name, self.clash)
-                self._publish()
-            self._own.append(self.applied)
+                self.metrics.name_clash.set(1)
             self._reported, self._reported_at = now, self.applied
 
     def _publish(self) -> None:
         known = max(self.applied, -1)
-        self.status.publish(known, max(self.head, known), self.error or self.clash)
+        self.status.publish(known, max(self.head, known), self.error)
         if known >= 0:
             self.metrics.observe(known, max(self.head, known), self.status.progress().lag_seconds())
 

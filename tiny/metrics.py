@@ -168,6 +168,11 @@ class FollowerMetrics:
         self.errors = Counter(
             "tiny_cluster_follower_errors", "Turns of the follower that failed (and were retried)", registry=None
         )
+        self.name_clash = gauge(
+            "tiny_cluster_follower_name_clash",
+            "1: another host reports to the log under this host's --host-name (its follower saw a position it never "
+            "reported); give each host its own",
+        )
 
     def observe(self, applied: int, head: int, lag_seconds: float) -> None:
         self.applied.set(applied)
