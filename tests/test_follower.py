@@ -246,3 +246,30 @@ def test_a_report_whose_answer_was_lost_is_no_clash_when_sent_again(
     time.sleep(REPORT_EVERY)
     one.idle()  # reports 1 again, over its own 1
     assert one.clash == ""
+
+
+def test_a_restarted_follower_whose_first_report_failed_sees_no_clash_in_its_last_runs_position(
+    log: CommitLog, follower: Callable[..., Follower]
+) -> None:
+    """The log holds what the host's previous run reported last (behind its files: a stop sends
+    no report). Until a report of this run has returned, that position is not checked: a first
+    report that failed (no primary yet) does not make the next one take it for another host's."""
+    put(log, {DAY: b"a\n"})
+    before = follower("h1")
+    before.open()  # reports 0
+    put(log, {DAY: b"b\n"})
+    before.step()  # applies 1 and 2, reports nothing yet (at most once a second)
+    before.close()
+    after = follower("h1")  # the same host, restarted on the same data dir
+    sent = after.log.report
+
+    def no_primary(name: str, applied: int) -> int | None:
+        raise LogUnavailable("no PostgreSQL primary reachable", 1)
+
+    after.log.report = no_primary  # type: ignore[method-assign]
+    with pytest.raises(LogUnavailable):
+        after.open()
+    after.log.report = sent  # type: ignore[method-assign]
+    time.sleep(REPORT_EVERY)
+    after.idle()  # reports 2 over the previous run's 0
+    assert after.applied == 2 and after.clash == ""

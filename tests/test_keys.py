@@ -586,3 +586,36 @@ def test_a_journal_opened_before_the_log_began_refuses_a_first_segment_deleted_b
     os.unlink(tmp_path / segment_name(1))
     with pytest.raises(Refused, match=r"00000001\.log was deleted under the running server"):
         commit_keys(late, claims("k0", digest=b"dk", answer=b"x" * 100))
+
+
+def test_a_journal_that_skipped_segments_others_expired_expires_twice_what_it_read_not_the_gap(
+    tmp_path: Path,
+) -> None:
+    """5,000 keys of its own past the window, then segments another journal wrote and expired
+    while this one was idle (it skips them: their keys no longer count): its next flush expires
+    twice the records it read plus 8, not twice the jump in seq over the skipped segments, so
+    its backlog goes a step per flush."""
+    idle = opened(tmp_path, window=0.5, segment_bytes=4000)
+    busy = opened(tmp_path, window=0.5, segment_bytes=4000)
+    for n in range(50):
+        commit_keys(idle, claims(*(f"idle{n}-{m}" for m in range(100))))
+    time.sleep(0.6)
+    for n in range(3000):
+        commit_keys(busy, claims(f"b{n}"))
+    time.sleep(0.6)
+    for n in range(400):
+        commit_keys(busy, claims(f"d{n}"))
+    newest, expired = idle.keys.newest, idle.keys.expired
+    took = []
+    take = idle.keys._take
+
+    def counted(buf: bytes, base: int) -> tuple[int, int]:
+        found = take(buf, base)
+        took.append(sum(1 for _ in records(bytes(buf[: found[0]]))))
+        return found
+
+    idle.keys._take = counted  # type: ignore[method-assign]
+    commit_keys(idle, claims("fresh"))
+    read = sum(took)
+    assert idle.keys.newest - newest > read + 1000  # precondition: it skipped segments of many keys
+    assert idle.keys.expired - expired <= 2 * (read + 1) + 8 < 5000

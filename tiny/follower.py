@@ -173,6 +173,7 @@ class Follower:
         self.error = ""
         self.clash = ""  # another host reports under this one's name: logged, and a gauge, until it restarts
         self._own: deque[int] = deque(maxlen=_OWN_REPORTS)  # positions this process reported, newest last
+        self._answered = False  # a report of this process returned: the log's position for its name is checked
         self._looked = self._reported = self._retained = 0.0
         self._reported_at = -1
         self._seen_every = min(SEEN_EVERY, config.follower_retention / 4)
@@ -322,9 +323,9 @@ class Follower:
         since = now - self._reported
         changed = self.applied != self._reported_at
         if (changed and (force or since >= REPORT_EVERY)) or (self.opened and since >= self._seen_every):
-            checked = bool(self._own)  # (a process's first report has nothing of its own to tell by)
             self._own.append(self.applied)  # before: a report whose answer is lost may have committed
             before = self.log.report(self.name, self.applied)
+            checked, self._answered = self._answered, True  # (until one returned, the log may hold the last run's)
             if checked and before is not None and before not in self._own and not self.clash:
                 self.clash = (
                     f"another host reports to the log as follower {self.name!r}: it held position {before}, "

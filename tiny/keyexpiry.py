@@ -3,8 +3,9 @@
 A key counts for ``window`` seconds, and only while it is among the newest ``max_keys`` (those
 of the newest flush always count). Keys leave in the order they came, so expiry is a cursor
 over the key log (``.tiny/keys/NNNNNNNN.log``, tiny.keylog), from its oldest record on: after
-each flush with keys it drops from memory at most twice the keys the log grew by since its
-last expiry (the flush's own, and the others' that the flush read) plus :data:`EXPIRE_SLACK`:
+each flush with keys it drops from memory at most twice the records it took since its last
+expiry (the flush's own, and the others' that it read: not the segments it skipped, which the
+others expired) plus :data:`EXPIRE_SLACK`:
 a flush's expiry is linear in what it wrote and read anyway, so no flush pays for a backlog
 of keys aged past the window (a data dir idle for a day), and a process that stores few keys
 of its own keeps pace with the log all the same, its table and its open segments within the
@@ -49,13 +50,15 @@ class KeyExpiry(KeyReader):
         self._oldest: tuple[int, float] | None = None  # (seq, stored) of the record at expiry's cursor
 
     def _expire_grown(self) -> None:
-        """Expire at most twice the keys the log grew by since the last expiry, plus EXPIRE_SLACK."""
-        self._expire(2 * max(self.newest - self._expired_at, 0) + EXPIRE_SLACK)
+        """Expire at most twice the records taken since the last expiry (read, or this
+        process's own: not the seqs of segments it skipped, which the others expired), plus
+        EXPIRE_SLACK."""
+        self._expire(2 * self._grown + EXPIRE_SLACK)
 
     def _expire(self, limit: int) -> None:
         """Drop from memory the oldest keys that no longer count, at most ``limit``; delete each
         segment walked past whole (never the newest). Updates ``count``."""
-        self._expired_at = self.newest
+        self._grown = 0
         cutoff = time.time() - self.window
         done = 0
         while True:

@@ -106,7 +106,7 @@ class KeyReader(JournalMeta):
         self._loading = False  # load() is (or is to be) under way, on another thread
         self.unreadable = -1  # the place of a record read whole once that no longer is (_record_at)
         self._floor = 0  # records up to this seq can never count again: load() leaves them out
-        self._expired_at = 0  # ``newest`` at the last expiry (tiny.keyexpiry) or load: the log's growth since
+        self._grown = 0  # records taken (read, or this process's own) since the last expiry or load: its budget
 
     @property
     def segment_count(self) -> int:
@@ -185,7 +185,7 @@ class KeyReader(JournalMeta):
             if noted[number] > start:
                 self._read(number, start, noted[number], cut=False)
         if not self.stop_loading:
-            self._expired_at = self.newest  # expiry's budget counts the log's growth from here
+            self._grown = 0  # expiry's budget counts the records taken from here
             self._loading = False
 
     def _bound_floor(self, noted: dict[int, int]) -> int:
@@ -332,7 +332,7 @@ class KeyReader(JournalMeta):
         table, same = self.table, self._same
         hashes, places, mask, limit = table.slots()
         cutoff = time.time() - self.window
-        newest, flush_first, last, floor = self.newest, self._flush_first, -1, self._floor
+        newest, flush_first, last, floor, taken = self.newest, self._flush_first, -1, self._floor, 0
         at, end = 0, len(buf)
         while at + FIXED <= end:
             length, crc = unpack_head(view, at)
@@ -344,6 +344,7 @@ class KeyReader(JournalMeta):
                 break  # cannot be: its CRC held
             if seq > newest:
                 newest, last = seq, at
+                taken += 1
                 if flags & FIRST:
                     flush_first = seq
                 if stored >= cutoff and seq > floor:
@@ -367,6 +368,7 @@ class KeyReader(JournalMeta):
                         i = (i + 1) & mask
             at = stop
         self.newest, self._flush_first = newest, flush_first
+        self._grown += taken
         if last >= 0:
             found_last = decode(view, last, end)
             if found_last is not None:

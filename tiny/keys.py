@@ -125,7 +125,7 @@ class KeyStore(KeyExpiry):
         flush read) plus EXPIRE_SLACK of the oldest."""
         new, self._new = self._new, []
         if not new:
-            if self.newest > self._expired_at and not self._loading:  # replays only, the others' records read
+            if self._grown and not self._loading:  # replays only, the others' records read
                 self._expire_grown()
             return
         number, data = self._new_at
@@ -136,6 +136,7 @@ class KeyStore(KeyExpiry):
                 self.table.put(h, base + offset, self._same)
             self._ends[number] = size_before + len(data)
             self._flush_first, self.newest = new[0][2], new[-1][2]
+            self._grown += len(new)
         else:
             self.refresh()
         self._expire_grown()
