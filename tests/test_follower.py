@@ -273,3 +273,26 @@ def test_a_restarted_follower_whose_first_report_failed_sees_no_clash_in_its_las
     time.sleep(REPORT_EVERY)
     after.idle()  # reports 2 over the previous run's 0
     assert after.applied == 2 and after.clash == ""
+
+
+def test_a_restarted_follower_whose_first_report_a_failover_lost_sees_no_clash(
+    log: CommitLog, follower: Callable[..., Follower], dsn: str
+) -> None:
+    """Its first report returned, then a failover lost it (reports do not wait for the
+    standby): the log shows the previous run's last position again, which is no other host's."""
+    put(log, {DAY: b"a\n"})
+    before = follower("h1")
+    before.open()  # reports 0
+    before.step()
+    time.sleep(REPORT_EVERY)
+    before.idle()  # reports 1
+    put(log, {DAY: b"b\n"})
+    before.step()  # applies 2, reports nothing yet
+    before.close()
+    after = follower("h1")
+    after.open()  # reports 2 over the previous run's 1
+    on_primary(dsn, "UPDATE tiny.followers SET applied = 1 WHERE name = 'h1'")  # as a failover left it
+    put(log, {DAY: b"c\n"})
+    time.sleep(REPORT_EVERY)
+    after.step()  # reports 3 over the previous run's 1
+    assert after.applied == 3 and after.clash == ""

@@ -325,7 +325,11 @@ class Follower:
         if (changed and (force or since >= REPORT_EVERY)) or (self.opened and since >= self._seen_every):
             self._own.append(self.applied)  # before: a report whose answer is lost may have committed
             before = self.log.report(self.name, self.applied)
-            checked, self._answered = self._answered, True  # (until one returned, the log may hold the last run's)
+            if not self._answered and before is not None:
+                # The position this run found: its previous run's last (or, which it cannot tell,
+                # another host's). A failover may yet lose this run's report and show it again.
+                self._own.appendleft(before)
+            checked, self._answered = self._answered, True
             if checked and before is not None and before not in self._own and not self.clash:
                 self.clash = (
                     f"another host reports to the log as follower {self.name!r}: it held position {before}, "
