@@ -62,6 +62,16 @@ def put(log: CommitLog, files: dict[str, bytes]) -> int:
     return position
 
 
+def reported(one: Follower) -> Follower:
+    """``one`` opened (reporting its position then), the log's batches applied, and the new
+    position reported: a second later, since a follower reports a new position at most once a second."""
+    one.open()
+    one.step()
+    time.sleep(REPORT_EVERY)
+    one.idle()
+    return one
+
+
 def test_the_batches_are_appended_in_order_each_day_file_opened_by_its_header(
     log: CommitLog, follower: Callable[..., Follower]
 ) -> None:
@@ -179,18 +189,12 @@ def test_a_second_host_reporting_under_the_same_name_is_told_in_the_followers_st
     assert log.report("keeper", 0) is None  # a name the log held no position for; retention trims nothing now
     for n in range(4):
         put(log, {DAY: b"%d\n" % n})
-    first = follower("h1")
-    first.open()  # reports 0
-    first.step()
-    time.sleep(REPORT_EVERY)
-    first.idle()  # reports 4
+    first = reported(follower("h1"))  # reports 0, then 4
     put(log, {DAY: b"4\n"})
     put(log, {DAY: b"5\n"})
-    second = follower("h1", "data2")  # the same name, another data dir
-    second.open()  # reports 0 over the first's 4: its first report, nothing of its own to tell by
-    second.step()
-    time.sleep(REPORT_EVERY)
-    second.idle()  # reports 6 over its own 0 (the second's positions: 0, 6; the first's: 0, 4)
+    # The same name, another data dir: it reports 0 over the first's 4 (its first report, nothing of
+    # its own to tell by), then 6 over its own 0 (the second's positions: 0, 6; the first's: 0, 4).
+    second = reported(follower("h1", "data2"))
     assert second.clash == "" and first.clash == ""
     put(log, {DAY: b"6\n"})
     first.step()  # applies 5 to 7 and reports 7 over the second's 6, a position it never reported
@@ -210,11 +214,7 @@ def test_a_host_finding_an_older_position_of_its_own_in_the_log_sees_no_clash(
     """A failover can lose a follower's newest report (reports do not wait for the standby):
     the log then holds a position it reported before, which is no other host's."""
     put(log, {DAY: b"a\n"})
-    one = follower("h1")
-    one.open()  # reports 0
-    one.step()
-    time.sleep(REPORT_EVERY)
-    one.idle()  # reports 1
+    one = reported(follower("h1"))  # reports 0, then 1
     on_primary(dsn, "UPDATE tiny.followers SET applied = 0 WHERE name = 'h1'")  # as the failover left it
     put(log, {DAY: b"b\n"})
     time.sleep(REPORT_EVERY)
@@ -281,11 +281,7 @@ def test_a_restarted_follower_whose_first_report_a_failover_lost_sees_no_clash(
     """Its first report returned, then a failover lost it (reports do not wait for the
     standby): the log shows the previous run's last position again, which is no other host's."""
     put(log, {DAY: b"a\n"})
-    before = follower("h1")
-    before.open()  # reports 0
-    before.step()
-    time.sleep(REPORT_EVERY)
-    before.idle()  # reports 1
+    before = reported(follower("h1"))  # reports 0, then 1
     put(log, {DAY: b"b\n"})
     before.step()  # applies 2, reports nothing yet
     before.close()
