@@ -469,6 +469,16 @@ def test_a_segment_deleted_by_hand_before_an_idle_journal_read_it_refuses_its_ne
         commit_keys(idle, claims("k29"))
 
 
+# Keys of the pace tests' records (keys like "busy59-19", 40-byte answers) in a 1,000-byte segment, at most.
+_KEYS_PER_SEGMENT = 1000 // len(encode(1, 0.0, FIRST, b"busy59-19", b"d", b"x" * 40)) + 1
+
+
+def _deleted_segments_held(journal: LocalCommit) -> list[str]:
+    """The key log segments ``journal`` holds open that are deleted (another's expiry: disk held)."""
+    held = [os.readlink(f"/proc/self/fd/{fd}") for fd in journal.keys._fds.values()]
+    return [target for target in held if target.endswith(" (deleted)")]
+
+
 def test_a_journal_that_flushes_keys_seldom_expires_as_fast_as_the_log_grows(tmp_path: Path) -> None:
     """Two journals of one data dir, one storing 20 keys for each the other stores: the seldom
     one reads the others' records at its flushes, and expires as many as it reads, so its
@@ -480,12 +490,10 @@ def test_a_journal_that_flushes_keys_seldom_expires_as_fast_as_the_log_grows(tmp
         for m in range(20):
             commit_keys(busy, claims(f"busy{n}-{m}", answer=b"x" * 40))
         commit_keys(seldom, claims(f"seldom{n}", answer=b"x" * 40))
-    keys_per_segment = 1000 // len(encode(1, 0.0, FIRST, b"busy59-19", b"d", b"x" * 40)) + 1
-    assert busy.keys.table.size <= 50 + keys_per_segment  # precondition: the busy one holds the bound
-    assert seldom.keys.table.size <= 50 + 2 * keys_per_segment
+    assert busy.keys.table.size <= 50 + _KEYS_PER_SEGMENT  # precondition: the busy one holds the bound
+    assert seldom.keys.table.size <= 50 + 2 * _KEYS_PER_SEGMENT
     assert seldom.keys.segment_count <= busy.keys.segment_count + 1
-    held = [os.readlink(f"/proc/self/fd/{fd}") for fd in seldom.keys._fds.values()]
-    assert not [target for target in held if target.endswith(" (deleted)")]
+    assert _deleted_segments_held(seldom) == []
 
 
 def test_a_journal_opened_before_the_log_began_finds_it_after_its_first_segment_expired(tmp_path: Path) -> None:
@@ -528,10 +536,8 @@ def test_a_journal_whose_keyed_flushes_are_all_replays_keeps_pace_with_the_log(t
         for m in range(20):
             commit_keys(busy, claims(f"busy{n}-{m}", answer=b"x" * 40))
         assert commit_keys(replayer, claims(f"busy{n}-19", answer=b"x" * 40)).decisions[0] is not None
-    keys_per_segment = 1000 // len(encode(1, 0.0, FIRST, b"busy59-19", b"d", b"x" * 40)) + 1
-    assert replayer.keys.table.size <= 50 + 2 * keys_per_segment
-    held = [os.readlink(f"/proc/self/fd/{fd}") for fd in replayer.keys._fds.values()]
-    assert not [target for target in held if target.endswith(" (deleted)")]
+    assert replayer.keys.table.size <= 50 + 2 * _KEYS_PER_SEGMENT
+    assert _deleted_segments_held(replayer) == []
 
 
 def test_a_flush_without_keys_over_a_key_log_cut_by_hand_still_commits(tmp_path: Path) -> None:

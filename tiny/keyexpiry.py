@@ -5,13 +5,12 @@ of the newest flush always count). Keys leave in the order they came, so expiry 
 over the key log (``.tiny/keys/NNNNNNNN.log``, tiny.keylog), from its oldest record on: after
 each flush with keys it drops from memory at most twice the records it took since its last
 expiry (the flush's own, and the others' that it read: not the segments it skipped, which the
-others expired) plus :data:`EXPIRE_SLACK`:
-a flush's expiry is linear in what it wrote and read anyway, so no flush pays for a backlog
-of keys aged past the window (a data dir idle for a day), and a process that stores few keys
-of its own keeps pace with the log all the same, its table and its open segments within the
-bound. It reads the
-cursor's segment :data:`_WALK_READ` bytes at a time; a commit that expires nothing reads
-nothing (the record at the cursor is remembered). A segment walked past whole is deleted
+others expired) plus :data:`EXPIRE_SLACK`. A flush's expiry is thus linear in what it wrote and
+read anyway: no flush pays for a backlog of keys aged past the window (a data dir idle for a
+day), and a process that stores few keys of its own keeps pace with the log all the same, its
+table and its open segments within the bound. It reads the cursor's segment
+:data:`_WALK_READ` bytes at a time; a commit that expires nothing reads nothing (the record at
+the cursor is remembered). A segment walked past whole is deleted
 (never the newest), its committed size forgotten first (``on_drop``), and its descriptor
 closed; there is no rewrite.
 
@@ -30,7 +29,7 @@ from pathlib import Path
 from tiny.keyload import KeyReader
 from tiny.keylog import FIXED, Record, decode, key_hash, place, segment_name
 
-EXPIRE_SLACK = 8  # a commit after the log grew by k keys expires at most 2k + EXPIRE_SLACK old ones
+EXPIRE_SLACK = 8  # a commit that took k records since the last expiry expires at most 2k + EXPIRE_SLACK old keys
 _WALK_READ = 1 << 16  # bytes expiry reads of the oldest segment at a time
 
 
@@ -49,16 +48,16 @@ class KeyExpiry(KeyReader):
         self._walk_base = -1  # offset of _walk_buf in the cursor's segment
         self._oldest: tuple[int, float] | None = None  # (seq, stored) of the record at expiry's cursor
 
-    def _expire_grown(self) -> None:
+    def _expire_taken(self) -> None:
         """Expire at most twice the records taken since the last expiry (read, or this
         process's own: not the seqs of segments it skipped, which the others expired), plus
         EXPIRE_SLACK."""
-        self._expire(2 * self._grown + EXPIRE_SLACK)
+        self._expire(2 * self._taken + EXPIRE_SLACK)
 
     def _expire(self, limit: int) -> None:
         """Drop from memory the oldest keys that no longer count, at most ``limit``; delete each
         segment walked past whole (never the newest). Updates ``count``."""
-        self._grown = 0
+        self._taken = 0
         cutoff = time.time() - self.window
         done = 0
         while True:

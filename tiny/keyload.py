@@ -106,7 +106,7 @@ class KeyReader(JournalMeta):
         self._loading = False  # load() is (or is to be) under way, on another thread
         self.unreadable = -1  # the place of a record read whole once that no longer is (_record_at)
         self._floor = 0  # records up to this seq can never count again: load() leaves them out
-        self._grown = 0  # records taken (read, or this process's own) since the last expiry or load: its budget
+        self._taken = 0  # records taken (read, or this process's own) since the last expiry or load: its budget
 
     @property
     def segment_count(self) -> int:
@@ -185,7 +185,7 @@ class KeyReader(JournalMeta):
             if noted[number] > start:
                 self._read(number, start, noted[number], cut=False)
         if not self.stop_loading:
-            self._grown = 0  # expiry's budget counts the records taken from here
+            self._taken = 0  # expiry's budget counts the records taken from here
             self._loading = False
 
     def _bound_floor(self, noted: dict[int, int]) -> int:
@@ -368,7 +368,7 @@ class KeyReader(JournalMeta):
                         i = (i + 1) & mask
             at = stop
         self.newest, self._flush_first = newest, flush_first
-        self._grown += taken
+        self._taken += taken
         if last >= 0:
             found_last = decode(view, last, end)
             if found_last is not None:

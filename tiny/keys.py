@@ -121,12 +121,12 @@ class KeyStore(KeyExpiry):
     def commit(self, size_before: int | None = None) -> None:
         """After a flush's commit point: its new keys into memory (``size_before``: the size of
         their segment before the flush wrote them, from its intent; or they are read back from
-        the log), then expire at most twice the keys the log grew by (these and the others' the
-        flush read) plus EXPIRE_SLACK of the oldest."""
+        the log), then expire at most twice the records taken since the last expiry (these and
+        the others' the flush read) plus EXPIRE_SLACK of the oldest."""
         new, self._new = self._new, []
         if not new:
-            if self._grown and not self._loading:  # replays only, the others' records read
-                self._expire_grown()
+            if self._taken and not self._loading:  # replays only, the others' records read
+                self._expire_taken()
             return
         number, data = self._new_at
         if size_before is not None and size_before == self._ends.get(number, 0) and self._take_own(number, size_before):
@@ -136,10 +136,10 @@ class KeyStore(KeyExpiry):
                 self.table.put(h, base + offset, self._same)
             self._ends[number] = size_before + len(data)
             self._flush_first, self.newest = new[0][2], new[-1][2]
-            self._grown += len(new)
+            self._taken += len(new)
         else:
             self.refresh()
-        self._expire_grown()
+        self._expire_taken()
 
     def _take_own(self, number: int, size_before: int) -> bool:
         """Whether this process reads segment ``number`` on from ``size_before`` (it made it: opened now)."""
