@@ -33,7 +33,7 @@ import pytest
 from PIL import Image
 
 from tests.support import ROOT, Server, record, sample_csv, second_day_csv
-from tiny.analytics import charts
+from tiny.analytics import charts, cpu
 
 DAY = "2014-05-04"
 OTHER = "2014-05-06"  # second_day_csv: every third row of DAY
@@ -404,18 +404,43 @@ def test_switching_days_and_n_quickly_never_shows_another_choices_data(server: S
     assert all(view["state"] == "ready" for view in final["views"].values())
 
 
+_GROUP = re.compile(r"analytics CPU: cgroup (v1|v2) (\S+): ([0-9.]+) CPU")
+
+
+def _analytics_quota(server: Server, cpus: float | None) -> None:
+    """Set the CPU quota of ``server``'s analytics group (the one its start logged) to ``cpus``
+    (None: the quota the server set), as a machine that many times slower would count."""
+    found = _GROUP.search(server.log())
+    assert found, "no CPU quota here: counting would not take seconds"
+    version, group, started = found.group(1), Path(found.group(2)), float(found.group(3))
+    quota = max(1000, round((started if cpus is None else cpus) * cpu.PERIOD_US))
+    if version == "v2":
+        (group / "cpu.max").write_text(f"{quota} {cpu.PERIOD_US}")
+    else:
+        (group / "cpu.cfs_quota_us").write_text(str(quota))
+
+
+def _throttled(server: Server) -> int:
+    """How many periods the kernel has held ``server``'s analytics group to its quota."""
+    found = _GROUP.search(server.log())
+    assert found
+    stat = dict(line.split() for line in (Path(found.group(2)) / "cpu.stat").read_text().splitlines())
+    return int(stat.get("nr_throttled", 0))
+
+
 @pytest.mark.timeout(300)
 def test_a_day_still_counting_is_asked_again_and_shown_once_counted(tmp_path: Path) -> None:
-    """A cold store and a CPU quota of 0.05: the day's first answers are 503s that say how
-    much is left to count. The page shows that in each view ("counting <day>, N left"), asks
-    again after the Retry-After, never shows the day seen before meanwhile, and ends on the
-    chosen day's true numbers."""
+    """A cold store and a CPU quota of 0.05 (0.01 until the first 503): the day's first answers
+    are 503s that say how much is left to count. The page shows that in each view ("counting
+    <day>, N left"), asks again after the Retry-After, never shows the day seen before
+    meanwhile, and ends on the chosen day's true numbers."""
     data = tmp_path / "data"
     data.mkdir()
     rows = sample_csv().split(b"\n", 1)[1]
-    # Eight times the real day's rows (52 MB): a fast machine counted three times them (19.5 MB)
-    # within the 10 s deadline at this quota, and answered no first 503.
+    # Eight times the real day's rows (52 MB), counted at 0.01 CPU until the first 503: a fast
+    # machine counted 19.5 MB within the 10 s deadline at 0.05, and answered no first 503.
     (data / f"{DAY}.csv").write_bytes(sample_csv() + 7 * rows)
+    first_503 = re.compile(rf"503 GET /api/days/{DAY}/\S+: the aggregates of {DAY} are catching up")
     with Server(data, "--analytics-cpu", "0.05", processes=2) as server:
         small = "\n".join(json.dumps(record(date="2014-05-05", ip_id=n % 3 + 1)) for n in range(20))
         assert server.ingest(small.encode()).status == 200
@@ -424,14 +449,21 @@ def test_a_day_still_counting_is_asked_again_and_shown_once_counted(tmp_path: Pa
             browser.open(f"http://127.0.0.1:{server.port}/#day=2014-05-05&top=6")
             browser.wait_for('document.body.dataset.ready === "1"', 90)
             browser.evaluate(_RECORDER)
-            browser.choose(day=DAY)
+            _analytics_quota(server, 0.01)
+            try:
+                browser.choose(day=DAY)
+                deadline = time.monotonic() + 60
+                while not first_503.search(server.log()) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            finally:
+                _analytics_quota(server, None)
             browser.wait_for('document.body.dataset.ready === "1"', 240)
             seen = [json.loads(moment) for moment in browser.evaluate("window.__seen")]
             retries = int(browser.evaluate("document.body.dataset.retries"))
         finally:
             browser.close()
-        assert "analytics CPU: cgroup" in server.log(), "no CPU quota here: counting would not take seconds"
-        assert re.search(rf"503 GET /api/days/{DAY}/\S+: the aggregates of {DAY} are catching up", server.log())
+        assert _throttled(server) > 0, "the quota held nothing back: counting did not take seconds"
+        assert first_503.search(server.log()), server.log()[-6000:]
         truth = Truth(server)
         assert truth.of(DAY, "6")[0] == f"{8 * 77_107:,}"
         assert held_to_the_choice(seen, truth) == []
