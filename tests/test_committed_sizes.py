@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.journal_support import flush, opened, refusal
+from tests.journal_support import Append, flush, opened, refusal
 from tiny import committed_sizes, layout
+from tiny.admin import forget
+from tiny.commit import CommitError
 from tiny.committed_sizes import SizeTable
 
 
@@ -166,3 +169,54 @@ def test_a_torn_slot_read_with_others_is_not_known_and_a_new_file_gets_its_slot(
     assert known == {"a.csv": 10, "b.csv": 0, "new.csv": 0}
     sizes.record_many([("a.csv", 11), ("b.csv", 21), ("new.csv", 5)], window)
     assert SizeTable.open(str(tmp_path / "sizes"), "id1").items() == {"a.csv": 11, "b.csv": 21, "new.csv": 5}
+
+
+def test_a_process_whose_slot_was_forgotten_writes_the_slot_another_gave_the_name_since(tmp_path: Path) -> None:
+    """After a forget, a process that knew the zeroed slot and one that gave the name a new slot
+    keep one live slot between them: every process checks against the same size."""
+    knew = table(tmp_path)
+    knew.record("a.csv", 10)
+    SizeTable.open(str(tmp_path / "sizes"), "id1").forget("a.csv")
+    started_since = SizeTable.open(str(tmp_path / "sizes"), "id1")
+    started_since.record("a.csv", 5)  # a new slot at the end
+    known, window = knew.known_many(["a.csv"])
+    knew.record_many([("a.csv", 7)], window)
+    assert known == {"a.csv": 5}
+    assert knew.slots_of("a.csv") == [(2 * 64, 7)] and started_since.known("a.csv") == 7
+
+
+def test_a_lower_duplicate_slot_read_later_does_not_replace_the_slot_a_process_knows(tmp_path: Path) -> None:
+    """Two live slots of one name (a process that recorded the zeroed slot again on its own,
+    as recovery does): a process reading the table's new slots keeps the larger."""
+    knew = table(tmp_path)
+    knew.record("a.csv", 10)
+    reader = SizeTable.open(str(tmp_path / "sizes"), "id1")
+    assert reader.known("a.csv") == 10
+    SizeTable.open(str(tmp_path / "sizes"), "id1").forget("a.csv")
+    SizeTable.open(str(tmp_path / "sizes"), "id1").record("a.csv", 5)  # a new slot, 5
+    knew.record("a.csv", 50)  # the zeroed slot live again, 50
+    known, _ = reader.known_many(["a.csv", "new.csv"])  # new.csv has no slot: the table's new slots are read
+    assert known == {"a.csv": 50, "new.csv": 0}
+
+
+def test_a_file_cut_below_committed_is_refused_by_a_flush_that_also_creates_a_new_file(tmp_path: Path) -> None:
+    """The file forgotten, made again by a server started since, then written by one that ran
+    throughout: cut by hand below what the latter committed, it is refused by every flush to it,
+    one that creates another file too, and the other server's."""
+    data = tmp_path / "data"
+    throughout = opened(data)
+    flush(throughout, "2014-05-01.csv", b"h\n" + b"0" * 59 + b"\n")
+    forget(data, ["2014-05-01.csv"], remove=True)
+    since = opened(data)
+    flush(since, "2014-05-01.csv", b"1" * 27 + b"\n")
+    flush(throughout, "2014-05-01.csv", b"2" * 29 + b"\n")
+    committed = (data / "2014-05-01.csv").stat().st_size
+    with open(data / "2014-05-01.csv", "r+b") as cut:
+        cut.truncate(committed - 10)
+    for journal, appends in (
+        (throughout, [Append({"2014-05-01.csv": b"3\n"}), Append({"2014-05-02.csv": b"h\n4\n"})]),
+        (throughout, [Append({"2014-05-01.csv": b"3\n"})]),
+        (since, [Append({"2014-05-01.csv": b"3\n"})]),
+    ):
+        with pytest.raises(CommitError, match=f"shorter than the {committed} that the journal knows"):
+            journal.commit(appends, time.monotonic() + 5)

@@ -23,11 +23,15 @@ a false refusal). A slot that fails its CRC is ignored; a name found in two slot
 the larger size. Readers and writers hold the data dir's flush lock. :meth:`SizeTable.forget`
 and :meth:`SizeTable.accept` (tiny-admin forget, an operator's knowing loss) overwrite every
 slot of a name, each with one ``pwrite``: with zeros (a slot that fails its CRC, ignored), or
-the first with the size accepted.
+the first with the size accepted. A process that finds the slot it knew for a name zeroed
+moves to the live slot another process gave the name since, if there is one, and one reading
+new slots keeps the larger of the one it knew and a duplicate: every process checks a file
+against the same size.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import zlib
 from collections.abc import Sequence
@@ -119,11 +123,32 @@ class SizeTable:
             if body is None:
                 continue
             name, size = body[:MAX_NAME].rstrip(b"\0").decode(errors="replace"), int.from_bytes(body[MAX_NAME:], "big")
-            if size >= sizes.get(name, -1):
-                sizes[name] = size
-                self._slots[name] = (start + offset, body[:MAX_NAME])
+            if size < sizes.get(name, -1):
+                continue
+            held = self._slots.get(name)
+            if name not in sizes and held is not None and held[0] < start and self._size_at(held[0]) > size:
+                continue  # a lower duplicate (the name given a slot again after a forget): the larger counts
+            sizes[name] = size
+            self._slots[name] = (start + offset, body[:MAX_NAME])
         self._count += len(tail) // SLOT
         return sizes
+
+    def _size_at(self, offset: int) -> int:
+        """The size the slot at ``offset`` holds now; -1 when it fails its CRC (zeroed, torn)."""
+        body = _body(os.pread(self._fd, SLOT, offset))
+        return -1 if body is None else int.from_bytes(body[MAX_NAME:], "big")
+
+    def _live_slot(self, name: str) -> int:
+        """The slot this process knew for ``name`` fails its CRC (a forget zeroed it, or a power
+        loss tore it): point the name at its live slot with the largest size, if another process
+        gave it one since; returns that size, or 0 (the name keeps its slot, written again at
+        its next record). One read of the whole table, once per such slot."""
+        slots = self.slots_of(name)
+        if not slots:
+            return 0
+        offset, size = max(slots, key=lambda slot: slot[1])
+        self._slots[name] = (offset, name.encode().ljust(MAX_NAME, b"\0"))
+        return size
 
     def known(self, name: str) -> int:
         """The size below which ``name`` is committed, as last recorded (0: never recorded).
@@ -136,7 +161,7 @@ class SizeTable:
                 return 0
         found = os.pread(self._fd, _BODY + 4, slot[0])
         if zlib.crc32(found[:_BODY]).to_bytes(4, "big") != found[_BODY:]:
-            return 0  # torn (a power loss in its write): not known
+            return self._live_slot(name)
         return int.from_bytes(found[MAX_NAME:_BODY], "big")
 
     def known_many(self, names: Sequence[str]) -> tuple[dict[str, int], Window]:
@@ -161,7 +186,7 @@ class SizeTable:
                 continue
             start, found = _run_of(window, slot[0])
             body = _body(found[slot[0] - start : slot[0] - start + SLOT])
-            sizes[name] = 0 if body is None else int.from_bytes(body[MAX_NAME:], "big")  # torn: not known
+            sizes[name] = self._live_slot(name) if body is None else int.from_bytes(body[MAX_NAME:], "big")
         return sizes, window
 
     def record_many(self, sizes: Sequence[tuple[str, int]], window: Window) -> None:
@@ -237,10 +262,11 @@ class SizeTable:
 
 
 def _run_of(window: Window, offset: int) -> tuple[int, bytes]:
-    """The run of ``window`` that holds ``offset``: (its offset, its bytes); (-1, b"") if none."""
-    for start, found in window:
-        if start <= offset < start + len(found):
-            return start, found
+    """The run of ``window`` (in offset order) that holds ``offset``: (its offset, its bytes);
+    (-1, b"") if none. A binary search: a flush may name thousands of files (--max-days)."""
+    at = bisect.bisect_right(window, offset, key=lambda run: run[0]) - 1
+    if at >= 0 and offset < window[at][0] + len(window[at][1]):
+        return window[at]
     return -1, b""
 
 
