@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.journal_support import Append, flush, opened, refusal
-from tiny import committed_sizes, layout
+from tiny import layout
 from tiny.admin import forget
 from tiny.commit import CommitError
 from tiny.committed_sizes import SizeTable
@@ -103,74 +102,6 @@ def test_a_file_the_last_flush_wrote_found_cut_names_both_ways_past_it_too(tmp_p
     assert f"`tiny-admin forget {data} 2014-05-04.csv`" in message and "--new-journal" in message
 
 
-class Calls:
-    """Counts the table's preads and pwrites (each still made)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.preads = self.pwrites = 0
-        pread, pwrite = os.pread, os.pwrite
-
-        def counted_pread(fd: int, n: int, at: int) -> bytes:
-            self.preads += 1
-            return pread(fd, n, at)
-
-        def counted_pwrite(fd: int, data: bytes, at: int) -> int:
-            self.pwrites += 1
-            return pwrite(fd, data, at)
-
-        monkeypatch.setattr(committed_sizes.os, "pread", counted_pread)
-        monkeypatch.setattr(committed_sizes.os, "pwrite", counted_pwrite)
-
-
-def test_a_flushs_slots_within_4_kib_are_read_with_one_call_and_rewritten_with_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A keyed flush's day file and key log segment, slots 1 and 3 apart: one pread, one pwrite,
-    and the slot between them as it was."""
-    sizes = table(tmp_path)
-    for name, size in (("day.csv", 10), ("other.csv", 20), (".tiny/keys/00000001.log", 30)):
-        sizes.record(name, size)
-    calls = Calls(monkeypatch)
-    known, window = sizes.known_many(["day.csv", ".tiny/keys/00000001.log"])
-    sizes.record_many([("day.csv", 11), (".tiny/keys/00000001.log", 31)], window)
-    assert known == {"day.csv": 10, ".tiny/keys/00000001.log": 30}
-    assert (calls.preads, calls.pwrites) == (1, 1)
-    again = SizeTable.open(str(tmp_path / "sizes"), "id1")
-    assert again.items() == {"day.csv": 11, "other.csv": 20, ".tiny/keys/00000001.log": 31}
-
-
-def test_slots_further_apart_are_read_and_written_each_on_its_own(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    sizes = table(tmp_path)
-    names = [f"{n:02d}.csv" for n in range(70)]  # 70 slots: 4,480 bytes
-    for number, name in enumerate(names):
-        sizes.record(name, number)
-    calls = Calls(monkeypatch)
-    known, window = sizes.known_many([names[0], names[-1]])
-    sizes.record_many([(names[0], 100), (names[-1], 169)], window)
-    assert known == {names[0]: 0, names[-1]: 69}
-    assert (calls.preads, calls.pwrites) == (2, 2)
-    assert SizeTable.open(str(tmp_path / "sizes"), "id1").items() == {
-        **{name: number for number, name in enumerate(names)},
-        names[0]: 100,
-        names[-1]: 169,
-    }
-
-
-def test_a_torn_slot_read_with_others_is_not_known_and_a_new_file_gets_its_slot(tmp_path: Path) -> None:
-    sizes = table(tmp_path)
-    sizes.record("a.csv", 10)
-    sizes.record("b.csv", 20)
-    with open(tmp_path / "sizes", "r+b") as raw:  # b.csv's slot torn by a power loss in its write
-        raw.seek(2 * 64 + 50)
-        raw.write(b"\xff")
-    known, window = sizes.known_many(["a.csv", "b.csv", "new.csv"])
-    assert known == {"a.csv": 10, "b.csv": 0, "new.csv": 0}
-    sizes.record_many([("a.csv", 11), ("b.csv", 21), ("new.csv", 5)], window)
-    assert SizeTable.open(str(tmp_path / "sizes"), "id1").items() == {"a.csv": 11, "b.csv": 21, "new.csv": 5}
-
-
 def test_a_process_whose_slot_was_forgotten_writes_the_slot_another_gave_the_name_since(tmp_path: Path) -> None:
     """After a forget, a process that knew the zeroed slot and one that gave the name a new slot
     keep one live slot between them: every process checks against the same size."""
@@ -179,9 +110,8 @@ def test_a_process_whose_slot_was_forgotten_writes_the_slot_another_gave_the_nam
     SizeTable.open(str(tmp_path / "sizes"), "id1").forget("a.csv")
     started_since = SizeTable.open(str(tmp_path / "sizes"), "id1")
     started_since.record("a.csv", 5)  # a new slot at the end
-    known, window = knew.known_many(["a.csv"])
-    knew.record_many([("a.csv", 7)], window)
-    assert known == {"a.csv": 5}
+    assert knew.known("a.csv") == 5
+    knew.record("a.csv", 7)
     assert knew.slots_of("a.csv") == [(2 * 64, 7)] and started_since.known("a.csv") == 7
 
 
@@ -195,8 +125,8 @@ def test_a_lower_duplicate_slot_read_later_does_not_replace_the_slot_a_process_k
     SizeTable.open(str(tmp_path / "sizes"), "id1").forget("a.csv")
     SizeTable.open(str(tmp_path / "sizes"), "id1").record("a.csv", 5)  # a new slot, 5
     knew.record("a.csv", 50)  # the zeroed slot live again, 50
-    known, _ = reader.known_many(["a.csv", "new.csv"])  # new.csv has no slot: the table's new slots are read
-    assert known == {"a.csv": 50, "new.csv": 0}
+    assert reader.known("new.csv") == 0  # no slot known for new.csv: the table's new slots are read
+    assert reader.known("a.csv") == 50
 
 
 def test_a_file_cut_below_committed_is_refused_by_a_flush_that_also_creates_a_new_file(tmp_path: Path) -> None:

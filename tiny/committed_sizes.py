@@ -12,11 +12,8 @@ the bytes missing, and the two knowing ways past it. This module is that table a
 The file is a row of 64-byte slots, each one ``pwrite`` at an offset that is a multiple of 64
 (so within one disk sector): slot 0 is the header (``TINYSIZE``, the format, the data dir's
 id); every other slot holds one file's name (relative to the data dir, at most
-:data:`MAX_NAME` bytes), its size, and a CRC-32 of both. A flush reads the slots of its files
-before it writes (one ``pread`` for those within 4 KiB of each other: its day file and the key
-log's segment, most often) and rewrites them once committed (one ``pwrite`` of the same run,
-the slots between them as it read them: no other writer holds the lock meanwhile, and each
-slot still lies within one sector); a file seen for the first time gets a new slot at the end.
+:data:`MAX_NAME` bytes), its size, and a CRC-32 of both. A flush rewrites the slot of each
+file it committed (one ``pwrite``); a file seen for the first time gets a new slot at the end.
 Every write comes after the commit point of the flush it records, so a slot never says more
 than what was committed: a crash before the write leaves the slot lower (a weaker check, never
 a false refusal). A slot that fails its CRC is ignored; a name found in two slots counts with
@@ -31,10 +28,8 @@ against the same size.
 
 from __future__ import annotations
 
-import bisect
 import os
 import zlib
-from collections.abc import Sequence
 from pathlib import Path
 
 from tiny import layout
@@ -45,9 +40,6 @@ SLOT = 64
 MAX_NAME = 48
 _MAGIC = b"TINYSIZE1 "
 _BODY = SLOT - 8  # the bytes the CRC covers: the name (or the header) and the size
-_SPAN = 4096  # slots this close together are read (and rewritten) with one call
-
-Window = Sequence[tuple[int, bytes]]  # runs of the table as one flush read them: (offset, bytes)
 
 
 class SizeTableError(Exception):
@@ -161,54 +153,8 @@ class SizeTable:
                 return 0
         found = os.pread(self._fd, _BODY + 4, slot[0])
         if zlib.crc32(found[:_BODY]).to_bytes(4, "big") != found[_BODY:]:
-            return self._live_slot(name)
+            return self._live_slot(name)  # zeroed by a forget, or torn by a power loss
         return int.from_bytes(found[MAX_NAME:_BODY], "big")
-
-    def known_many(self, names: Sequence[str]) -> tuple[dict[str, int], Window]:
-        """:meth:`known` of each of ``names``, with one pread for the slots that lie within
-        _SPAN bytes of each other (a flush's files: its day, the key log's segment), and the
-        bytes read, which :meth:`record_many` of the same flush (the lock held throughout: no
-        other writer) rewrites in one pwrite."""
-        if any(name not in self._slots for name in names):
-            self._read_new_slots()
-        runs: list[list[int]] = []  # [start, end] of each run of slots read with one call
-        for offset in sorted({slot[0] for name in names if (slot := self._slots.get(name)) is not None}):
-            if runs and offset + SLOT - runs[-1][0] <= _SPAN:
-                runs[-1][1] = offset + SLOT
-            else:
-                runs.append([offset, offset + SLOT])
-        window = [(start, os.pread(self._fd, end - start, start)) for start, end in runs]
-        sizes = {}
-        for name in names:
-            slot = self._slots.get(name)
-            if slot is None:
-                sizes[name] = 0
-                continue
-            start, found = _run_of(window, slot[0])
-            body = _body(found[slot[0] - start : slot[0] - start + SLOT])
-            sizes[name] = self._live_slot(name) if body is None else int.from_bytes(body[MAX_NAME:], "big")
-        return sizes, window
-
-    def record_many(self, sizes: Sequence[tuple[str, int]], window: Window) -> None:
-        """:meth:`record` of each ``(name, size)``: the slots within one run of ``window`` (from
-        :meth:`known_many` of this flush, under the same hold of the lock) in one pwrite, the
-        bytes between them as read; any other slot on its own."""
-        runs: dict[int, bytearray] = {}
-        spans: dict[int, tuple[int, int]] = {}
-        for name, size in sizes:
-            slot = self._slots.get(name)
-            start, read = _run_of(window, slot[0]) if slot is not None else (-1, b"")
-            if slot is None or slot[0] + SLOT > start + len(read):  # a new file's slot, or one not read whole
-                self.record(name, size)
-                continue
-            found = runs.setdefault(start, bytearray(read))
-            at = slot[0] - start
-            found[at : at + SLOT] = _slot(slot[1] + size.to_bytes(8, "big"))
-            low, high = spans.get(start, (at, at + SLOT))
-            spans[start] = (min(low, at), max(high, at + SLOT))
-        for start, found in runs.items():
-            low, high = spans[start]
-            os.pwrite(self._fd, found[low:high], start + low)
 
     def record(self, name: str, size: int) -> None:
         """``name`` is committed up to ``size`` (after the commit point; one pwrite). A name
@@ -259,15 +205,6 @@ class SizeTable:
         if slots:
             os.pwrite(self._fd, _slot(name.encode().ljust(MAX_NAME, b"\0") + size.to_bytes(8, "big")), slots[0][0])
             self._slots[name] = (slots[0][0], name.encode().ljust(MAX_NAME, b"\0"))
-
-
-def _run_of(window: Window, offset: int) -> tuple[int, bytes]:
-    """The run of ``window`` (in offset order) that holds ``offset``: (its offset, its bytes);
-    (-1, b"") if none. A binary search: a flush may name thousands of files (--max-days)."""
-    at = bisect.bisect_right(window, offset, key=lambda run: run[0]) - 1
-    if at >= 0 and offset < window[at][0] + len(window[at][1]):
-        return window[at]
-    return -1, b""
 
 
 def shorter_message(data_dir: Path, name: str, found: int, committed: int) -> str:

@@ -53,7 +53,7 @@ from pathlib import Path
 import orjson
 
 from tiny import layout
-from tiny.committed_sizes import SizeTable, Window, shorter_message, ways_past
+from tiny.committed_sizes import SizeTable, shorter_message, ways_past
 from tiny.files import size_of
 from tiny.flushlock import open_fd
 from tiny.refusals import Found
@@ -101,7 +101,6 @@ class IntentFile:
         self._written = 0  # records this opening wrote (the token's count)
         self._record = b""  # the record of this process's flush under way (is_ours compares)
         self._spans: list[FileSpan] = []  # its files (mark_committed records their sizes after it)
-        self._window: Window = []  # their committed-size slots, as its check read them under the lock
 
     def open(self, create: bool = False) -> None:
         """Open the file (``create``: a new, empty one in its place). Refused when it cannot be."""
@@ -159,12 +158,11 @@ class IntentFile:
         sizes its files have after it as committed. OSError when the mark fails."""
         self._mark(FINISHED)
         spans, self._spans = self._spans, []
-        window, self._window = self._window, []
-        self.record_sizes(spans, window)
+        self.record_sizes(spans)
 
     def mark_undone(self) -> None:
         """Set the state ``x``: the flush's files were cut back."""
-        self._spans, self._window = [], []
+        self._spans = []
         self._mark(UNDONE)
 
     def _mark(self, state: bytes) -> None:
@@ -241,22 +239,22 @@ class IntentFile:
     def _check_committed(self, spans: list[FileSpan]) -> None:
         if self.sizes is None:
             return
-        known, self._window = self.sizes.known_many([span.name for span in spans])
         for span in spans:
-            committed = known[span.name]
+            committed = self.sizes.known(span.name)
             if span.size_before < committed:
                 found = -1 if span.created else span.size_before
                 raise Found(shorter_message(self.data_dir, span.name, found, committed))
 
-    def record_sizes(self, spans: Sequence[FileSpan], window: Window = ()) -> None:
-        """The files of a committed flush are committed up to their sizes after it (``window``:
-        the table's slots this flush read before it wrote, rewritten in one call). A failure
+    def record_sizes(self, spans: Sequence[FileSpan]) -> None:
+        """The files of a committed flush are committed up to their sizes after it. A failure
         (a disk refusing a new slot) leaves the table lower: a weaker check, never a false one;
         the flush stays committed."""
         if self.sizes is None:
             return
         try:
-            self.sizes.record_many([(s.name, s.size_after) for s in spans if s.size_after is not None], window)
+            for span in spans:
+                if span.size_after is not None:
+                    self.sizes.record(span.name, span.size_after)
         except OSError as exc:
             log.error("could not record the committed sizes of a flush (%s): %s", self.sizes.path, exc)
 
