@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import signal
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ from tiny import layout
 from tiny.admin import forget
 from tiny.commit import CommitError
 from tiny.committed_sizes import SizeTable
+from tiny.keylog import segment_name
 
 
 @pytest.mark.hardening("third 9: a live copy lacking an acknowledged batch started; its retry was answered replayed")
@@ -102,31 +107,113 @@ def test_a_file_the_last_flush_wrote_found_cut_names_both_ways_past_it_too(tmp_p
     assert f"`tiny-admin forget {data} 2014-05-04.csv`" in message and "--new-journal" in message
 
 
-def test_a_process_whose_slot_was_forgotten_writes_the_slot_another_gave_the_name_since(tmp_path: Path) -> None:
-    """After a forget, a process that knew the zeroed slot and one that gave the name a new slot
-    keep one live slot between them: every process checks against the same size."""
+def test_a_forgotten_file_keeps_its_slot_and_every_process_writes_that_one(tmp_path: Path) -> None:
+    """A forget leaves the name's slot at 0: a process that knew it and one started since
+    write the same slot, so both check the file against the same size."""
     knew = table(tmp_path)
     knew.record("a.csv", 10)
     SizeTable.open(str(tmp_path / "sizes"), "id1").forget("a.csv")
+    assert knew.known("a.csv") == 0 and knew.items() == {}  # forgotten: not checked at open
     started_since = SizeTable.open(str(tmp_path / "sizes"), "id1")
-    started_since.record("a.csv", 5)  # a new slot at the end
+    started_since.record("a.csv", 5)
     assert knew.known("a.csv") == 5
     knew.record("a.csv", 7)
-    assert knew.slots_of("a.csv") == [(2 * 64, 7)] and started_since.known("a.csv") == 7
+    assert knew.slots_of("a.csv") == [(64, 7)] and started_since.known("a.csv") == 7
 
 
-def test_a_lower_duplicate_slot_read_later_does_not_replace_the_slot_a_process_knows(tmp_path: Path) -> None:
-    """Two live slots of one name (a process that recorded the zeroed slot again on its own,
-    as recovery does): a process reading the table's new slots keeps the larger."""
-    knew = table(tmp_path)
-    knew.record("a.csv", 10)
+def _raw_slot(path: Path, offset: int, name: str, size: int) -> None:
+    """Write a slot as the module documents it (name, size, CRC-32 of both), as an older
+    version's process could have left it."""
+    body = name.encode().ljust(48, b"\0") + size.to_bytes(8, "big")
+    with open(path, "r+b") as raw:
+        raw.seek(offset)
+        raw.write(body + zlib.crc32(body).to_bytes(4, "big") + bytes(4))
+
+
+def test_in_a_table_with_duplicates_every_process_takes_a_names_first_live_slot(tmp_path: Path) -> None:
+    """Two live slots of a.csv (an older version's forget zeroed the first, a process that knew
+    it wrote it again, another had given the name a second): a new process and one that read the
+    second later both take the first; one holding a slot an accept zeroed moves to the first."""
+    sizes = table(tmp_path)
+    sizes.record("a.csv", 10)
     reader = SizeTable.open(str(tmp_path / "sizes"), "id1")
     assert reader.known("a.csv") == 10
-    SizeTable.open(str(tmp_path / "sizes"), "id1").forget("a.csv")
-    SizeTable.open(str(tmp_path / "sizes"), "id1").record("a.csv", 5)  # a new slot, 5
-    knew.record("a.csv", 50)  # the zeroed slot live again, 50
-    assert reader.known("new.csv") == 0  # no slot known for new.csv: the table's new slots are read
-    assert reader.known("a.csv") == 50
+    _raw_slot(tmp_path / "sizes", 2 * 64, "a.csv", 50)  # the duplicate, after the first
+    assert reader.known("new.csv") == 0  # no slot for new.csv: the table's new slots are read
+    assert reader.known("a.csv") == 10
+    assert SizeTable.open(str(tmp_path / "sizes"), "id1").known("a.csv") == 10
+    second = SizeTable.open(str(tmp_path / "sizes"), "id1")
+    _raw_slot(tmp_path / "sizes", 64, "b.csv", 1)  # the first is another name's now: a.csv's is the second
+    assert second.known("a.csv") == 50
+    _raw_slot(tmp_path / "sizes", 64, "a.csv", 10)
+    SizeTable.open(str(tmp_path / "sizes"), "id1").accept("a.csv", 8)  # the first says 8, the second zeroed
+    assert second.known("a.csv") == 8 and reader.known("a.csv") == 8
+
+
+def test_a_forgotten_name_is_looked_up_with_one_read_of_its_slot(tmp_path: Path) -> None:
+    """Expiry forgot key log segments whose slots another process had read: each lookup of one
+    (tiny.keyload asks for every segment deleted before it read it) reads its slot alone, not
+    the whole table."""
+    path = str(tmp_path / "sizes")
+    expiring = SizeTable.create(path, "id1")
+    for n in range(1, 1001):
+        expiring.record(segment_name(n), 64 << 20)
+    other = SizeTable.open(path, "id1")
+    for n in range(1, 101):
+        expiring.forget(segment_name(n))
+    before = _bytes_read()
+    for n in range(1, 101):
+        assert other.known(segment_name(n)) == 0
+    assert _bytes_read() - before < 100 * 64 + 4096  # (reading /proc/self/io counts too)
+
+
+def _bytes_read() -> int:
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+
+def test_a_new_slot_the_disk_refused_is_not_taken_for_the_names_slot(tmp_path: Path) -> None:
+    """The disk refuses a new slot (a full disk; here the file size limit): the next name
+    another process gives a slot lands there, and is not read as this name's size."""
+    path = str(tmp_path / "sizes")
+    refused = SizeTable.create(path, "id1")
+    refused.record("2014-05-01.csv", 10)
+    other = SizeTable.open(path, "id1")
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (os.stat(path).st_size, limit[1]))
+    try:
+        with pytest.raises(OSError):
+            refused.record("2014-05-02.csv", 5)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
+    other.record("2014-05-03.csv", 1000)
+    assert refused.known("2014-05-02.csv") == 0
+    refused.record("2014-05-02.csv", 5)
+    assert other.items() == {"2014-05-01.csv": 10, "2014-05-03.csv": 1000, "2014-05-02.csv": 5}
+
+
+def test_a_file_forgotten_then_written_by_two_servers_is_refused_by_both_once_cut(tmp_path: Path) -> None:
+    """A server running throughout and one started after the forget both flush to the file
+    again, one after the other, then it is cut below what they committed: both refuse it."""
+    data = tmp_path / "data"
+    day, other = "2014-05-01.csv", "2014-05-02.csv"
+    throughout = opened(data)
+    flush(throughout, day, b"h\n" + b"0" * 59 + b"\n")
+    forget(data, [day], remove=True)
+    since = opened(data)
+    flush(throughout, day, b"h\n1\n")
+    flush(since, day, b"2" * 10 + b"\n")
+    flush(throughout, day, b"3" * 20 + b"\n")
+    flush(throughout, other, b"h\n")
+    flush(since, day, b"4" * 30 + b"\n")
+    committed = (data / day).stat().st_size
+    with open(data / day, "r+b") as cut:
+        cut.truncate(committed - 5)
+    for journal in (throughout, since):
+        with pytest.raises(CommitError, match=f"shorter than the {committed} that the journal knows"):
+            journal.commit([Append({day: b"5\n"})], time.monotonic() + 5)
 
 
 def test_a_file_cut_below_committed_is_refused_by_a_flush_that_also_creates_a_new_file(tmp_path: Path) -> None:

@@ -16,14 +16,16 @@ id); every other slot holds one file's name (relative to the data dir, at most
 file it committed (one ``pwrite``); a file seen for the first time gets a new slot at the end.
 Every write comes after the commit point of the flush it records, so a slot never says more
 than what was committed: a crash before the write leaves the slot lower (a weaker check, never
-a false refusal). A slot that fails its CRC is ignored; a name found in two slots counts with
-the larger size. Readers and writers hold the data dir's flush lock. :meth:`SizeTable.forget`
+a false refusal). A slot that fails its CRC is ignored. Readers and writers hold the data
+dir's flush lock. :meth:`SizeTable.forget`
 and :meth:`SizeTable.accept` (tiny-admin forget, an operator's knowing loss) overwrite every
 slot of a name, each with one ``pwrite``: with zeros (a slot that fails its CRC, ignored), or
-the first with the size accepted. A process that finds the slot it knew for a name zeroed
-moves to the live slot another process gave the name since, if there is one, and one reading
-new slots keeps the larger of the one it knew and a duplicate: every process checks a file
-against the same size.
+the first with the size accepted (a forget: 0, nothing known). So a forgotten file keeps its
+slot, and every process, started before the forget or since, goes on with that one: a name has
+one live slot, its first, and every process checks the file against the same size. (A table
+of an older version, whose forget zeroed every slot, may hold duplicates: each process takes a
+name's first live slot, and moves to it when the one it knew stops being the name's.) A new
+slot is a process's only once written whole.
 """
 
 from __future__ import annotations
@@ -106,7 +108,9 @@ class SizeTable:
 
     def _read_new_slots(self) -> dict[str, int]:
         """Learn the slots appended since the last read (by any process: one pread of the
-        tail); returns the sizes they hold."""
+        tail); returns the sizes they hold. A name's slot is its first live one: a later
+        duplicate (a table an older version wrote) is taken only when the slot this process
+        knew is no longer the name's."""
         start = self._count * SLOT
         tail = os.pread(self._fd, max(os.fstat(self._fd).st_size - start, 0), start)
         sizes: dict[str, int] = {}
@@ -115,66 +119,75 @@ class SizeTable:
             if body is None:
                 continue
             name, size = body[:MAX_NAME].rstrip(b"\0").decode(errors="replace"), int.from_bytes(body[MAX_NAME:], "big")
-            if size < sizes.get(name, -1):
+            if name in sizes:
                 continue
             held = self._slots.get(name)
-            if name not in sizes and held is not None and held[0] < start and self._size_at(held[0]) > size:
-                continue  # a lower duplicate (the name given a slot again after a forget): the larger counts
+            if held is not None and held[0] < start and self._size_at(held) >= 0:
+                continue
             sizes[name] = size
             self._slots[name] = (start + offset, body[:MAX_NAME])
         self._count += len(tail) // SLOT
         return sizes
 
-    def _size_at(self, offset: int) -> int:
-        """The size the slot at ``offset`` holds now; -1 when it fails its CRC (zeroed, torn)."""
-        body = _body(os.pread(self._fd, SLOT, offset))
-        return -1 if body is None else int.from_bytes(body[MAX_NAME:], "big")
+    def _size_at(self, slot: tuple[int, bytes]) -> int:
+        """The size ``slot`` (offset, padded name) holds now; -1 when it fails its CRC (zeroed
+        by an accept, torn) or holds another name."""
+        found = os.pread(self._fd, _BODY + 4, slot[0])
+        if found[:MAX_NAME] != slot[1] or zlib.crc32(found[:_BODY]).to_bytes(4, "big") != found[_BODY:]:
+            return -1
+        return int.from_bytes(found[MAX_NAME:_BODY], "big")
 
     def _live_slot(self, name: str) -> int:
-        """The slot this process knew for ``name`` fails its CRC (a forget zeroed it, or a power
-        loss tore it): point the name at its live slot with the largest size, if another process
-        gave it one since; returns that size, or 0 (the name keeps its slot, written again at
-        its next record). One read of the whole table, once per such slot."""
+        """The slot this process knew for ``name`` is no longer the name's (an accept zeroed a
+        duplicate, a power loss tore it): point the name at its first live slot and return its
+        size, or forget the slot (the next record reads the table's new slots, or gives the
+        name a new one) and return 0. One read of the whole table, once per such slot."""
         slots = self.slots_of(name)
         if not slots:
+            self._slots.pop(name, None)
             return 0
-        offset, size = max(slots, key=lambda slot: slot[1])
-        self._slots[name] = (offset, name.encode().ljust(MAX_NAME, b"\0"))
-        return size
+        self._slots[name] = (slots[0][0], name.encode().ljust(MAX_NAME, b"\0"))
+        return slots[0][1]
 
     def known(self, name: str) -> int:
-        """The size below which ``name`` is committed, as last recorded (0: never recorded).
-        One pread when this process knows the file's slot."""
+        """The size below which ``name`` is committed, as last recorded (0: never recorded, or
+        forgotten). One pread when this process knows the file's slot."""
         slot = self._slots.get(name)
         if slot is None:
             self._read_new_slots()
             slot = self._slots.get(name)
             if slot is None:
                 return 0
-        found = os.pread(self._fd, _BODY + 4, slot[0])
-        if zlib.crc32(found[:_BODY]).to_bytes(4, "big") != found[_BODY:]:
-            return self._live_slot(name)  # zeroed by a forget, or torn by a power loss
-        return int.from_bytes(found[MAX_NAME:_BODY], "big")
+        size = self._size_at(slot)
+        return self._live_slot(name) if size < 0 else size
 
     def record(self, name: str, size: int) -> None:
         """``name`` is committed up to ``size`` (after the commit point; one pwrite). A name
-        longer than MAX_NAME bytes is not tracked (the sink writes day files and rejects only)."""
+        longer than MAX_NAME bytes is not tracked (the sink writes day files and rejects only).
+        A new slot is this process's only once written whole: one the disk refused is left to
+        the next name."""
         slot = self._slots.get(name)
         if slot is None:
             self._read_new_slots()
             slot = self._slots.get(name)
-        if slot is None:
-            encoded = name.encode()
-            if len(encoded) > MAX_NAME:
-                return
-            slot = self._slots[name] = (self._count * SLOT, encoded.ljust(MAX_NAME, b"\0"))
-            self._count += 1
-        os.pwrite(self._fd, _slot(slot[1] + size.to_bytes(8, "big")), slot[0])
+        if slot is not None:
+            os.pwrite(self._fd, _slot(slot[1] + size.to_bytes(8, "big")), slot[0])
+            return
+        encoded = name.encode()
+        if len(encoded) > MAX_NAME:
+            return
+        slot = (self._count * SLOT, encoded.ljust(MAX_NAME, b"\0"))
+        written = os.pwrite(self._fd, _slot(slot[1] + size.to_bytes(8, "big")), slot[0])
+        if written != SLOT:
+            raise OSError(f"a slot of {self.path} was written short ({written} of {SLOT} bytes)")
+        self._slots[name] = slot
+        self._count += 1
 
     def items(self) -> dict[str, int]:
-        """Every file's recorded size (for the check at open): one read of the whole table."""
+        """Every file's recorded size (for the check at open; forgotten ones left out): one
+        read of the whole table."""
         self._slots, self._count = {}, 1
-        return self._read_new_slots()
+        return {name: size for name, size in self._read_new_slots().items() if size}
 
     def slots_of(self, name: str) -> list[tuple[int, int]]:
         """Every slot of ``name`` that passes its CRC: (offset, size), read from the whole table."""
@@ -187,10 +200,9 @@ class SizeTable:
         return found
 
     def forget(self, name: str) -> None:
-        """Nothing is known committed to ``name`` any more: every slot of it zeroed."""
-        for offset, _ in self.slots_of(name):
-            os.pwrite(self._fd, bytes(SLOT), offset)
-        self._slots.pop(name, None)
+        """Nothing is known committed to ``name`` any more: its first slot says 0 (it stays the
+        name's, so that every process goes on writing that one), any other is zeroed."""
+        self.accept(name, 0)
 
     def sync(self) -> None:
         """Make the slots written so far durable (before a file they forgot is deleted)."""
@@ -198,7 +210,7 @@ class SizeTable:
 
     def accept(self, name: str, size: int) -> None:
         """``name`` is committed up to ``size`` only (less than recorded): its first slot says
-        so, any other is zeroed."""
+        so, any other is zeroed (a process that knew one moves to the first: :meth:`known`)."""
         slots = self.slots_of(name)
         for offset, _ in slots[1:]:
             os.pwrite(self._fd, bytes(SLOT), offset)
