@@ -121,6 +121,19 @@ def test_a_forgotten_file_keeps_its_slot_and_every_process_writes_that_one(tmp_p
     assert knew.slots_of("a.csv") == [(64, 7)] and started_since.known("a.csv") == 7
 
 
+def test_a_forgotten_files_slot_fails_an_older_versions_check_and_stays_the_names(tmp_path: Path) -> None:
+    """An older version checked a slot by its CRC-32 alone and refused a missing file whose slot
+    said 0: the forgotten slot fails that check (it ignores it, as it did a zeroed one), and this
+    version reads it as the name's, at 0."""
+    sizes = table(tmp_path)
+    sizes.record("a.csv", 10)
+    sizes.forget("a.csv")
+    raw = (tmp_path / "sizes").read_bytes()[64:128]
+    assert raw[:5] == b"a.csv" and zlib.crc32(raw[:56]).to_bytes(4, "big") != raw[56:60]
+    again = SizeTable.open(str(tmp_path / "sizes"), "id1")
+    assert again.known("a.csv") == 0 and again.slots_of("a.csv") == [(64, 0)] and again.items() == {}
+
+
 def _raw_slot(path: Path, offset: int, name: str, size: int) -> None:
     """Write a slot as the module documents it (name, size, CRC-32 of both), as an older
     version's process could have left it."""

@@ -17,15 +17,15 @@ file it committed (one ``pwrite``); a file seen for the first time gets a new sl
 Every write comes after the commit point of the flush it records, so a slot never says more
 than what was committed: a crash before the write leaves the slot lower (a weaker check, never
 a false refusal). A slot that fails its CRC is ignored. Readers and writers hold the data
-dir's flush lock. :meth:`SizeTable.forget`
-and :meth:`SizeTable.accept` (tiny-admin forget, an operator's knowing loss) overwrite every
-slot of a name, each with one ``pwrite``: with zeros (a slot that fails its CRC, ignored), or
-the first with the size accepted (a forget: 0, nothing known). So a forgotten file keeps its
-slot, and every process, started before the forget or since, goes on with that one: a name has
-one live slot, its first, and every process checks the file against the same size. (A table
-of an older version, whose forget zeroed every slot, may hold duplicates: each process takes a
-name's first live slot, and moves to it when the one it knew stops being the name's.) A new
-slot is a process's only once written whole.
+dir's flush lock. :meth:`SizeTable.forget` and :meth:`SizeTable.accept` (tiny-admin forget, an
+operator's knowing loss) overwrite every slot of a name, each with one ``pwrite``: with zeros
+(a slot that fails its CRC, ignored), or the first with the size accepted (a forget: 0, nothing
+known, in a form an older version ignores). So a forgotten file keeps its slot, and every
+process, started before the forget or since, goes on with that one: a name has one live slot,
+its first, and every process checks the file against the same size. (A table of an older
+version, whose forget zeroed every slot, may hold duplicates: each process takes a name's
+first live slot, and moves to it when the one it knew stops being the name's.) A new slot is a
+process's only once written whole.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ SLOT = 64
 MAX_NAME = 48
 _MAGIC = b"TINYSIZE1 "
 _BODY = SLOT - 8  # the bytes the CRC covers: the name (or the header) and the size
+_FORGOTTEN = b"FGT0"  # a forgotten file's slot ends so (_forgotten)
 
 
 class SizeTableError(Exception):
@@ -52,11 +53,24 @@ def _slot(body: bytes) -> bytes:
     return body + zlib.crc32(body).to_bytes(4, "big") + b"\0\0\0\0"
 
 
+def _forgotten(name: bytes) -> bytes:
+    """The slot of a forgotten file (``name`` padded): size 0 under the inverted CRC-32 and a
+    marker, which an older version's check fails (it ignores the slot, as it did its zeroed
+    ones: a missing file with a size of 0 would be refused at its start)."""
+    body = name + bytes(8)
+    return body + (zlib.crc32(body) ^ 0xFFFFFFFF).to_bytes(4, "big") + _FORGOTTEN
+
+
 def _body(slot: bytes) -> bytes | None:
-    """The CRC-checked first 56 bytes of a slot; None when torn."""
-    if len(slot) != SLOT or zlib.crc32(slot[:_BODY]).to_bytes(4, "big") != slot[_BODY : _BODY + 4]:
+    """The CRC-checked first 56 bytes of a slot (a forgotten one's say size 0); None when torn."""
+    if len(slot) != SLOT:
         return None
-    return slot[:_BODY]
+    crc = zlib.crc32(slot[:_BODY])
+    if crc.to_bytes(4, "big") == slot[_BODY : _BODY + 4]:
+        return slot[:_BODY]
+    if slot[_BODY + 4 :] == _FORGOTTEN and (crc ^ 0xFFFFFFFF).to_bytes(4, "big") == slot[_BODY : _BODY + 4]:
+        return slot[:MAX_NAME] + bytes(8)
+    return None
 
 
 class SizeTable:
@@ -132,10 +146,10 @@ class SizeTable:
     def _size_at(self, slot: tuple[int, bytes]) -> int:
         """The size ``slot`` (offset, padded name) holds now; -1 when it fails its CRC (zeroed
         by an accept, torn) or holds another name."""
-        found = os.pread(self._fd, _BODY + 4, slot[0])
-        if found[:MAX_NAME] != slot[1] or zlib.crc32(found[:_BODY]).to_bytes(4, "big") != found[_BODY:]:
+        body = _body(os.pread(self._fd, SLOT, slot[0]))
+        if body is None or body[:MAX_NAME] != slot[1]:
             return -1
-        return int.from_bytes(found[MAX_NAME:_BODY], "big")
+        return int.from_bytes(body[MAX_NAME:], "big")
 
     def _live_slot(self, name: str) -> int:
         """The slot this process knew for ``name`` is no longer the name's (an accept zeroed a
@@ -215,8 +229,9 @@ class SizeTable:
         for offset, _ in slots[1:]:
             os.pwrite(self._fd, bytes(SLOT), offset)
         if slots:
-            os.pwrite(self._fd, _slot(name.encode().ljust(MAX_NAME, b"\0") + size.to_bytes(8, "big")), slots[0][0])
-            self._slots[name] = (slots[0][0], name.encode().ljust(MAX_NAME, b"\0"))
+            padded = name.encode().ljust(MAX_NAME, b"\0")
+            os.pwrite(self._fd, _slot(padded + size.to_bytes(8, "big")) if size else _forgotten(padded), slots[0][0])
+            self._slots[name] = (slots[0][0], padded)
 
 
 def shorter_message(data_dir: Path, name: str, found: int, committed: int) -> str:
