@@ -71,9 +71,9 @@ def test_an_accepted_size_replaces_every_slot_of_its_name(tmp_path: Path) -> Non
     sizes.record("a.csv", 10)
     sizes.record("b.csv", 20)
     sizes.close()
-    whole = (tmp_path / "sizes").read_bytes()
-    (tmp_path / "sizes").write_bytes(whole + whole[64:128])  # a.csv in two slots: the larger counts
     again = SizeTable.open(str(tmp_path / "sizes"), "id1")
+    whole = (tmp_path / "sizes").read_bytes()
+    (tmp_path / "sizes").write_bytes(whole + whole[64:128])  # a.csv in two slots (an older version's table)
     assert [size for _, size in again.slots_of("a.csv")] == [10, 10]
     again.accept("a.csv", 3)
     assert again.slots_of("a.csv") == [(64, 3)] and again.known("a.csv") == 3
@@ -143,10 +143,10 @@ def _raw_slot(path: Path, offset: int, name: str, size: int) -> None:
         raw.write(body + zlib.crc32(body).to_bytes(4, "big") + bytes(4))
 
 
-def test_in_a_table_with_duplicates_every_process_takes_a_names_first_live_slot(tmp_path: Path) -> None:
-    """Two live slots of a.csv (an older version's forget zeroed the first, a process that knew
-    it wrote it again, another had given the name a second): a new process and one that read the
-    second later both take the first; one holding a slot an accept zeroed moves to the first."""
+def test_with_duplicate_slots_every_process_goes_on_with_the_first(tmp_path: Path) -> None:
+    """Two live slots of a.csv (an older version's table): a process that knew the first keeps it
+    when it reads the second; one opening the table merges them into the first, at the larger
+    size; one holding a slot an accept zeroed moves to the first."""
     sizes = table(tmp_path)
     sizes.record("a.csv", 10)
     reader = SizeTable.open(str(tmp_path / "sizes"), "id1")
@@ -154,13 +154,60 @@ def test_in_a_table_with_duplicates_every_process_takes_a_names_first_live_slot(
     _raw_slot(tmp_path / "sizes", 2 * 64, "a.csv", 50)  # the duplicate, after the first
     assert reader.known("new.csv") == 0  # no slot for new.csv: the table's new slots are read
     assert reader.known("a.csv") == 10
-    assert SizeTable.open(str(tmp_path / "sizes"), "id1").known("a.csv") == 10
+    opening = SizeTable.open(str(tmp_path / "sizes"), "id1")
+    assert opening.slots_of("a.csv") == [(64, 50)] and reader.known("a.csv") == 50
+    _raw_slot(tmp_path / "sizes", 64, "b.csv", 1)  # a.csv's first slot another name's now
+    _raw_slot(tmp_path / "sizes", 2 * 64, "a.csv", 50)
     second = SizeTable.open(str(tmp_path / "sizes"), "id1")
-    _raw_slot(tmp_path / "sizes", 64, "b.csv", 1)  # the first is another name's now: a.csv's is the second
-    assert second.known("a.csv") == 50
+    assert second.known("a.csv") == 50  # its slot: the one at 128
     _raw_slot(tmp_path / "sizes", 64, "a.csv", 10)
-    SizeTable.open(str(tmp_path / "sizes"), "id1").accept("a.csv", 8)  # the first says 8, the second zeroed
+    reader.accept("a.csv", 8)  # the first says 8, the other zeroed
     assert second.known("a.csv") == 8 and reader.known("a.csv") == 8
+
+
+def _older_versions_duplicate(tmp_path: Path) -> tuple[Path, int]:
+    """A data dir whose table an older version left with a.csv in two live slots: a forget
+    zeroed its slot, a server that knew the slot wrote it again (4), and one started since gave
+    a.csv another slot and committed the file up to its end."""
+    data = tmp_path / "data"
+    journal = opened(data)
+    flush(journal, "a.csv", b"h\n1\n")
+    flush(journal, "b.csv", b"h\n2\n")
+    flush(journal, "a.csv", b"x" * 55 + b"\n")
+    flush(journal, "b.csv", b"3\n")  # the last flush: b.csv's (the intent's own check is not the one tested)
+    journal.close()
+    committed = (data / "a.csv").stat().st_size
+    _raw_slot(layout.sizes_path(data), 64, "a.csv", 4)
+    _raw_slot(layout.sizes_path(data), 3 * 64, "a.csv", committed)
+    return data, committed
+
+
+def test_an_older_versions_duplicate_slots_are_merged_at_open_into_the_first_at_the_largest(tmp_path: Path) -> None:
+    data, committed = _older_versions_duplicate(tmp_path)
+    journal = opened(data)
+    assert journal.intent.sizes is not None
+    assert journal.intent.sizes.slots_of("a.csv") == [(64, committed)]
+    with open(data / "a.csv", "r+b") as cut:
+        cut.truncate(10)
+    with pytest.raises(CommitError, match=f"shorter than the {committed} that the journal knows"):
+        journal.commit([Append({"a.csv": b"5\n"})], time.monotonic() + 5)
+    journal.close()
+    assert f"shorter than the {committed}" in refusal(data)
+
+
+def test_forget_accepts_a_cut_file_the_last_committed_flush_wrote(tmp_path: Path) -> None:
+    """The refusal at open names tiny-admin forget; for the last flush's file too, it does what
+    the refusal says."""
+    data = tmp_path / "data"
+    journal = opened(data)
+    flush(journal, "2014-05-01.csv", b"h\n1\n")
+    journal.close()
+    (data / "2014-05-01.csv").write_bytes(b"h\n")
+    assert "tiny-admin forget" in refusal(data)
+    assert forget(data, ["2014-05-01.csv"]) == [
+        f"accepted {data / '2014-05-01.csv'} at 2 bytes: the 2 bytes cut from its end are forgotten"
+    ]
+    opened(data).close()
 
 
 def test_a_forgotten_name_is_looked_up_with_one_read_of_its_slot(tmp_path: Path) -> None:

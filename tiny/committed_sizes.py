@@ -23,9 +23,9 @@ operator's knowing loss) overwrite every slot of a name, each with one ``pwrite`
 known, in a form an older version ignores). So a forgotten file keeps its slot, and every
 process, started before the forget or since, goes on with that one: a name has one live slot,
 its first, and every process checks the file against the same size. (A table of an older
-version, whose forget zeroed every slot, may hold duplicates: each process takes a name's
-first live slot, and moves to it when the one it knew stops being the name's.) A new slot is a
-process's only once written whole.
+version, whose forget zeroed every slot, may hold duplicates: a process opening the table gives a
+name's first slot the largest of their sizes and zeroes the others, and a process whose slot stops
+being the name's moves to the first.) A new slot is a process's only once written whole.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ class SizeTable:
 
     @classmethod
     def open(cls, path: str, dir_id: str) -> SizeTable:
-        """The table at ``path``; SizeTableError when it is missing, damaged or of another data dir."""
+        """The table at ``path`` (under the flush lock: duplicate slots are merged); SizeTableError
+        when it is missing, damaged or of another data dir."""
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -109,7 +110,7 @@ class SizeTable:
             found = header[len(_MAGIC) :].rstrip(b"\0").decode(errors="replace")
             if found != dir_id:
                 raise SizeTableError(f"{path} belongs to data dir {found}, not to {dir_id}")
-            table._read_new_slots()
+            table._merge_duplicates(table._read_new_slots())
         except BaseException:
             table.close()
             raise
@@ -202,6 +203,31 @@ class SizeTable:
         read of the whole table."""
         self._slots, self._count = {}, 1
         return {name: size for name, size in self._read_new_slots().items() if size}
+
+    def _merge_duplicates(self, sizes: dict[str, int]) -> None:
+        """A name in several live slots (a table an older version wrote): its first gets the
+        largest of their sizes, then the others are zeroed, so that every process goes on with
+        the first; a crash between the writes leaves no slot above what was committed.
+        ``sizes``: the first slots' sizes, as read."""
+        for name, offset, size in self._duplicates():
+            if size > sizes[name]:
+                os.pwrite(self._fd, _slot(self._slots[name][1] + size.to_bytes(8, "big")), self._slots[name][0])
+                sizes[name] = size
+            os.pwrite(self._fd, bytes(SLOT), offset)
+
+    def _duplicates(self) -> list[tuple[str, int, int]]:
+        """(name, offset, size) of every live slot that is not its name's first."""
+        whole = os.pread(self._fd, max(os.fstat(self._fd).st_size - SLOT, 0), SLOT)
+        found = []
+        for offset in range(0, len(whole) - SLOT + 1, SLOT):
+            body = _body(whole[offset : offset + SLOT])
+            if body is None:
+                continue
+            name = body[:MAX_NAME].rstrip(b"\0").decode(errors="replace")
+            first = self._slots.get(name)
+            if first is not None and first[0] != SLOT + offset:
+                found.append((name, SLOT + offset, int.from_bytes(body[MAX_NAME:], "big")))
+        return found
 
     def slots_of(self, name: str) -> list[tuple[int, int]]:
         """Every slot of ``name`` that passes its CRC: (offset, size), read from the whole table."""

@@ -301,6 +301,8 @@ class _Opening:
                 )
         if record.state != FINISHED or (record.first_key is not None and not self.keys.is_stored(record.first_key)):
             return []
+        if not self.check_sizes:  # tiny-admin forget: it checks the files it is told of, then drops them here
+            return []
         for span in record.spans:
             size = size_of(self.data_dir / span.name)
             if span.size_after is not None and size < span.size_after:
