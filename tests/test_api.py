@@ -743,20 +743,26 @@ def test_a_pool_process_imports_none_of_the_servers_modules_with_the_main_script
 
 @_needs_cgroup_v1
 def test_a_pool_process_is_confined_before_its_interpreter_has_started() -> None:
-    """Its start-up (re-importing the worker's modules, ~0.2 CPU-s) runs within the quota, at SCHED_IDLE."""
+    """Its start-up (re-importing the worker's modules, ~0.2 CPU-s) runs within the quota, at SCHED_IDLE.
+    Three processes: on a busy machine the one read right after its start may have had 30 ms of
+    CPU before the test reads it (the bare interpreter's start); a confinement made only once the
+    process had started would show more in every one."""
     group = Path("/sys/fs/cgroup/cpu") / f"tiny-test-confine-{os.getpid()}"
     (group / "answers").mkdir(parents=True)
     try:
-        process = cpu.ConfinedContext(group, "answers", "idle").Process(target=os.getpid)
-        process.start()
-        assert process.pid is not None
-        stat = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        assert int(stat[11]) + int(stat[12]) <= 2  # utime + stime in ticks: still starting
-        assert _cpu_group_of(process.pid) == f"/{group.name}/answers"
-        assert os.sched_getscheduler(process.pid) == os.SCHED_IDLE
-        assert os.getpriority(os.PRIO_PROCESS, process.pid) == 19
-        process.join(30)
-        assert process.exitcode == 0
+        ticks = []
+        for _ in range(3):
+            process = cpu.ConfinedContext(group, "answers", "idle").Process(target=os.getpid)
+            process.start()
+            assert process.pid is not None
+            stat = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks.append(int(stat[11]) + int(stat[12]))  # utime + stime in ticks
+            assert _cpu_group_of(process.pid) == f"/{group.name}/answers"
+            assert os.sched_getscheduler(process.pid) == os.SCHED_IDLE
+            assert os.getpriority(os.PRIO_PROCESS, process.pid) == 19
+            process.join(30)
+            assert process.exitcode == 0
+        assert min(ticks) <= 2, ticks  # still starting
     finally:
         for path in (group / "answers", group):
             with contextlib.suppress(OSError):
