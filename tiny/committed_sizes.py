@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from tiny import layout
@@ -73,6 +74,19 @@ def _body(slot: bytes) -> bytes | None:
     return None
 
 
+def _padded(name: str) -> bytes:
+    return name.encode().ljust(MAX_NAME, b"\0")
+
+
+def _live(run: bytes, base: int) -> Iterator[tuple[int, bytes, int]]:
+    """(offset, padded name, size) of each slot of ``run`` (read at offset ``base``) that passes
+    its check, in offset order."""
+    for at in range(0, len(run) - SLOT + 1, SLOT):
+        body = _body(run[at : at + SLOT])
+        if body is not None:
+            yield base + at, body[:MAX_NAME], int.from_bytes(body[MAX_NAME:], "big")
+
+
 class SizeTable:
     """The committed sizes of one data dir's files (see the module docstring). Open it with
     :meth:`open` or :meth:`create`; every call but those expects the flush lock held."""
@@ -110,7 +124,8 @@ class SizeTable:
             found = header[len(_MAGIC) :].rstrip(b"\0").decode(errors="replace")
             if found != dir_id:
                 raise SizeTableError(f"{path} belongs to data dir {found}, not to {dir_id}")
-            table._merge_duplicates(table._read_new_slots())
+            duplicates: list[tuple[int, str, int]] = []
+            table._merge_duplicates(table._read_new_slots(duplicates), duplicates)
         except BaseException:
             table.close()
             raise
@@ -121,26 +136,24 @@ class SizeTable:
             os.close(self._fd)
             self._fd = -1
 
-    def _read_new_slots(self) -> dict[str, int]:
+    def _read_new_slots(self, duplicates: list[tuple[int, str, int]] | None = None) -> dict[str, int]:
         """Learn the slots appended since the last read (by any process: one pread of the
         tail); returns the sizes they hold. A name's slot is its first live one: a later
         duplicate (a table an older version wrote) is taken only when the slot this process
-        knew is no longer the name's."""
+        knew is no longer the name's; the others are added to ``duplicates`` as (offset, name,
+        size)."""
         start = self._count * SLOT
         tail = os.pread(self._fd, max(os.fstat(self._fd).st_size - start, 0), start)
         sizes: dict[str, int] = {}
-        for offset in range(0, len(tail) - SLOT + 1, SLOT):
-            body = _body(tail[offset : offset + SLOT])
-            if body is None:
-                continue
-            name, size = body[:MAX_NAME].rstrip(b"\0").decode(errors="replace"), int.from_bytes(body[MAX_NAME:], "big")
-            if name in sizes:
-                continue
+        for offset, padded, size in _live(tail, start):
+            name = padded.rstrip(b"\0").decode(errors="replace")
             held = self._slots.get(name)
-            if held is not None and held[0] < start and self._size_at(held) >= 0:
+            if name in sizes or (held is not None and held[0] < start and self._size_at(held) >= 0):
+                if duplicates is not None:
+                    duplicates.append((offset, name, size))
                 continue
             sizes[name] = size
-            self._slots[name] = (start + offset, body[:MAX_NAME])
+            self._slots[name] = (offset, padded)
         self._count += len(tail) // SLOT
         return sizes
 
@@ -161,7 +174,7 @@ class SizeTable:
         if not slots:
             self._slots.pop(name, None)
             return 0
-        self._slots[name] = (slots[0][0], name.encode().ljust(MAX_NAME, b"\0"))
+        self._slots[name] = (slots[0][0], _padded(name))
         return slots[0][1]
 
     def known(self, name: str) -> int:
@@ -191,7 +204,7 @@ class SizeTable:
         encoded = name.encode()
         if len(encoded) > MAX_NAME:
             return
-        slot = (self._count * SLOT, encoded.ljust(MAX_NAME, b"\0"))
+        slot = (self._count * SLOT, _padded(name))
         written = os.pwrite(self._fd, _slot(slot[1] + size.to_bytes(8, "big")), slot[0])
         if written != SLOT:
             raise OSError(f"a slot of {self.path} was written short ({written} of {SLOT} bytes)")
@@ -204,40 +217,22 @@ class SizeTable:
         self._slots, self._count = {}, 1
         return {name: size for name, size in self._read_new_slots().items() if size}
 
-    def _merge_duplicates(self, sizes: dict[str, int]) -> None:
-        """A name in several live slots (a table an older version wrote): its first gets the
-        largest of their sizes, then the others are zeroed, so that every process goes on with
-        the first; a crash between the writes leaves no slot above what was committed.
-        ``sizes``: the first slots' sizes, as read."""
-        for name, offset, size in self._duplicates():
+    def _merge_duplicates(self, sizes: dict[str, int], duplicates: list[tuple[int, str, int]]) -> None:
+        """Names in several live slots (a table an older version wrote): each one's first gets
+        the largest of their sizes, then the others are zeroed, so that every process goes on
+        with the first; a crash between the writes leaves no slot above what was committed.
+        ``sizes``: the first slots' sizes, as read; ``duplicates``: the others (offset, name, size)."""
+        for offset, name, size in duplicates:
             if size > sizes[name]:
                 os.pwrite(self._fd, _slot(self._slots[name][1] + size.to_bytes(8, "big")), self._slots[name][0])
                 sizes[name] = size
             os.pwrite(self._fd, bytes(SLOT), offset)
 
-    def _duplicates(self) -> list[tuple[str, int, int]]:
-        """(name, offset, size) of every live slot that is not its name's first."""
-        whole = os.pread(self._fd, max(os.fstat(self._fd).st_size - SLOT, 0), SLOT)
-        found = []
-        for offset in range(0, len(whole) - SLOT + 1, SLOT):
-            body = _body(whole[offset : offset + SLOT])
-            if body is None:
-                continue
-            name = body[:MAX_NAME].rstrip(b"\0").decode(errors="replace")
-            first = self._slots.get(name)
-            if first is not None and first[0] != SLOT + offset:
-                found.append((name, SLOT + offset, int.from_bytes(body[MAX_NAME:], "big")))
-        return found
-
     def slots_of(self, name: str) -> list[tuple[int, int]]:
         """Every slot of ``name`` that passes its CRC: (offset, size), read from the whole table."""
-        found = []
         whole = os.pread(self._fd, max(os.fstat(self._fd).st_size - SLOT, 0), SLOT)
-        for offset in range(0, len(whole) - SLOT + 1, SLOT):
-            body = _body(whole[offset : offset + SLOT])
-            if body is not None and body[:MAX_NAME].rstrip(b"\0").decode(errors="replace") == name:
-                found.append((SLOT + offset, int.from_bytes(body[MAX_NAME:], "big")))
-        return found
+        padded = _padded(name)
+        return [(offset, size) for offset, found, size in _live(whole, SLOT) if found == padded]
 
     def forget(self, name: str) -> None:
         """Nothing is known committed to ``name`` any more: its first slot says 0 (it stays the
@@ -255,7 +250,7 @@ class SizeTable:
         for offset, _ in slots[1:]:
             os.pwrite(self._fd, bytes(SLOT), offset)
         if slots:
-            padded = name.encode().ljust(MAX_NAME, b"\0")
+            padded = _padded(name)
             os.pwrite(self._fd, _slot(padded + size.to_bytes(8, "big")) if size else _forgotten(padded), slots[0][0])
             self._slots[name] = (slots[0][0], padded)
 
