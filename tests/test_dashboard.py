@@ -407,24 +407,24 @@ def test_switching_days_and_n_quickly_never_shows_another_choices_data(server: S
 _GROUP = re.compile(r"analytics CPU: cgroup (v1|v2) (\S+): ([0-9.]+) CPU")
 
 
-def _analytics_quota(server: Server, cpus: float | None) -> None:
-    """Set the CPU quota of ``server``'s analytics group (the one its start logged) to ``cpus``
-    (None: the quota the server set), as a machine that many times slower would count."""
+def _analytics_group(server: Server) -> tuple[str, Path, float]:
+    """The cgroup version, group and CPUs of ``server``'s analytics quota, as its start logged them."""
     found = _GROUP.search(server.log())
     assert found, "no CPU quota here: counting would not take seconds"
-    version, group, started = found.group(1), Path(found.group(2)), float(found.group(3))
-    quota = max(1000, round((started if cpus is None else cpus) * cpu.PERIOD_US))
-    if version == "v2":
-        (group / "cpu.max").write_text(f"{quota} {cpu.PERIOD_US}")
-    else:
-        (group / "cpu.cfs_quota_us").write_text(str(quota))
+    return found.group(1), Path(found.group(2)), float(found.group(3))
+
+
+def _analytics_quota(server: Server, cpus: float | None) -> None:
+    """Set the CPU quota of ``server``'s analytics group to ``cpus`` (None: the quota the server
+    set), as a machine that many times slower would count."""
+    version, group, started = _analytics_group(server)
+    cpu.set_quota(group, version, started if cpus is None else cpus)
 
 
 def _throttled(server: Server) -> int:
     """How many periods the kernel has held ``server``'s analytics group to its quota."""
-    found = _GROUP.search(server.log())
-    assert found
-    stat = dict(line.split() for line in (Path(found.group(2)) / "cpu.stat").read_text().splitlines())
+    _, group, _ = _analytics_group(server)
+    stat = dict(line.split() for line in (group / "cpu.stat").read_text().splitlines())
     return int(stat.get("nr_throttled", 0))
 
 

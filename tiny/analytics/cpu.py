@@ -94,7 +94,6 @@ def prepare(cpus: float, name: str, root: Path = _ROOT) -> Path | None:
     if cpus <= 0:
         MODE = "no quota (--analytics-cpu 0): SCHED_IDLE only"
         return None
-    quota = max(1000, round(cpus * PERIOD_US))
     for version, parent in (("v2", _v2_parent(root)), ("v1", _v1_parent(root))):
         if parent is None:
             continue
@@ -102,11 +101,7 @@ def prepare(cpus: float, name: str, root: Path = _ROOT) -> Path | None:
         group = parent / name
         try:
             group.mkdir(exist_ok=True)
-            if version == "v2":
-                (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
-            else:
-                (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-                (group / "cpu.cfs_quota_us").write_text(str(quota))
+            quota = set_quota(group, version, cpus)
             if _make_idle(group, version):
                 idle = "the group idle (cpu.idle 1), the row reads idle within it"
             else:
@@ -122,6 +117,18 @@ def prepare(cpus: float, name: str, root: Path = _ROOT) -> Path | None:
         return group
     MODE = "no quota (no writable cgroup cpu controller here): SCHED_IDLE only"
     return None
+
+
+def set_quota(group: Path, version: str, cpus: float) -> int:
+    """Give the cgroup ``group`` (``version`` "v1" or "v2") a quota of ``cpus`` CPUs every
+    PERIOD_US, at least the kernel's least (1 ms); returns the quota in µs."""
+    quota = max(1000, round(cpus * PERIOD_US))
+    if version == "v2":
+        (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+    else:
+        (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(quota))
+    return quota
 
 
 def _remove_stale(parent: Path) -> None:
