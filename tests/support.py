@@ -289,6 +289,17 @@ def wait_for(predicate: object, timeout: float = 5.0) -> bool:
     return False
 
 
+def once_counted(server: Any, path: str, seconds: float = 180.0) -> Response:
+    """The answer to ``GET path`` once the store has counted what it asks for: while rows are
+    left it answers 503 with a Retry-After (folding is held to the analytics pool's CPU quota,
+    slow on a busy machine), asked again after it as the docs tell clients, for at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while (response := server.request("GET", path)).status == 503:
+        assert time.monotonic() < deadline, response.body
+        time.sleep(min(5.0, float(response.headers.get("retry-after", "1"))))
+    return response
+
+
 def body_of(batch: int, size: int = 20, days: tuple[str, ...] = ("2014-05-04",)) -> bytes:
     """A batch of ``size`` records per day of ``days``, ip_ids unique to it, and one invalid line."""
     lines = [

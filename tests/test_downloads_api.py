@@ -8,7 +8,6 @@ tests.support.package_counts; the R client's own run is tests/test_r_client.py.
 
 from __future__ import annotations
 
-import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import orjson
 import pytest
 from PIL import ImageColor
 
-from tests.support import package_counts, record, sample_csv, second_day_csv
+from tests.support import once_counted, package_counts, record, sample_csv, second_day_csv
 from tiny import badges
 from tiny.cran_api import Period, parse_period
 from tiny.testing import InProcessServer, Response, raw_exchange
@@ -48,10 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer
 
 def counted(server: InProcessServer, seconds: float = 180.0) -> None:
     """Wait until the store has counted both days (a first query answers 503 while rows are left)."""
-    deadline = time.monotonic() + seconds
-    while (response := server.request("GET", f"/downloads/total/{DAY}:{SECOND}")).status == 503:
-        assert time.monotonic() < deadline, response.body
-        time.sleep(min(5.0, float(response.headers.get("retry-after", "1"))))
+    response = once_counted(server, f"/downloads/total/{DAY}:{SECOND}", seconds)
     assert response.status == 200, response.body
 
 

@@ -26,7 +26,6 @@ import re
 import shutil
 import subprocess
 import tarfile
-import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -36,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, SAMPLE_DAY, Server, second_day_csv
+from tests.support import ROOT, SAMPLE_DAY, Server, once_counted, second_day_csv
 from tiny import badges
 from tiny.replay import Options, replay
 
@@ -104,10 +103,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def counted(server: Server, seconds: float = 180.0) -> None:
     """Wait until the server has counted both days: a first query folds them within the analytics
     pool's CPU quota, and answers 503 with Retry-After while rows are left (slow on a busy machine)."""
-    deadline = time.monotonic() + seconds
-    while (response := server.request("GET", f"/downloads/total/{DAY}:{SECOND}")).status == 503:
-        assert time.monotonic() < deadline, response.body
-        time.sleep(min(5.0, float(response.headers.get("retry-after", "1"))))
+    response = once_counted(server, f"/downloads/total/{DAY}:{SECOND}", seconds)
     assert response.status == 200, response.body
 
 

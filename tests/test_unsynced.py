@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.support import ROOT, Server, record
+from tests.support import ROOT, Server, once_counted, record
 from tiny import unsynced
 from tiny.aggregate_errors import Unavailable
 from tiny.aggregates import Aggregates, aggregates_path
@@ -246,7 +246,7 @@ def post(server: Server, package: str, count: int) -> None:
 
 
 def total(server: Server, package: str) -> int:
-    response = server.request("GET", f"/downloads/total/{DAY}/{package}")
+    response = once_counted(server, f"/downloads/total/{DAY}/{package}")
     assert response.status == 200, response.body
     return int(response.json()[0]["downloads"])
 
