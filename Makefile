@@ -6,8 +6,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARGS   ?=
-# pytest-xdist workers for the tests that do not use Docker (the Docker tests run after, alone)
-TEST_WORKERS ?= 2
+# pytest-xdist workers for the tests that do not use Docker (the Docker tests run after, alone).
+# Four on two cores: most tests wait on the servers they start (a run at two kept the cores
+# about 40% busy); worksteal hands a free worker the tests another has not begun.
+TEST_WORKERS ?= 4
 # TESTS=all also runs the extended tests (`make test-all`): larger or repeated fault scenarios
 # whose property a default test already proves (pyproject.toml's `extended` marker)
 TESTS ?= default
@@ -71,7 +73,7 @@ test: venv codec sysdeps check ## the whole suite: cargo's unit tests, the Pytho
 	@if $(BIN)/python -c "import tiny._codec" 2>/dev/null; then \
 	  echo "== the HTTP contract on the pure-Python reference codec (TINY_CODEC=python) =="; \
 	  TINY_CODEC=python $(BIN)/python -m pytest -q app_tests.py tests/test_handlers.py tests/test_fuzz_http.py; fi
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not docker $(ONLY)" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not docker $(ONLY)" $(PYTEST_ARGS)
 	@$(BIN)/python -m pytest -m "docker $(ONLY)" $(PYTEST_ARGS); rc=$$?; [ $$rc = 0 ] || [ $$rc = 5 ] # 5: none selected
 
 test-all: ## make test with the extended tests too (about twice as long)
