@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import resource
+import shutil
 import signal
+import subprocess
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -12,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.journal_support import Append, flush, opened, refusal
+from tests.support import ROOT
 from tiny import layout
 from tiny.admin import forget
 from tiny.commit import CommitError
@@ -297,3 +302,41 @@ def test_a_file_cut_below_committed_is_refused_by_a_flush_that_also_creates_a_ne
     ):
         with pytest.raises(CommitError, match=f"shorter than the {committed} that the journal knows"):
             journal.commit(appends, time.monotonic() + 5)
+
+
+FORGET_REMOVE = """
+import sys
+from pathlib import Path
+from tests.journal_support import flush, opened
+from tiny.admin import forget
+
+data = Path(sys.argv[1])
+journal = opened(data)
+flush(journal, "2014-05-01.csv", b"h\\n1\\n")
+journal.close()
+forget(data, ["2014-05-01.csv"], remove=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is installed by make sysdeps")
+def test_forget_remove_makes_the_forgetting_durable_before_the_file_goes(tmp_path: Path) -> None:
+    """A power loss inside ``tiny-admin forget --remove`` never leaves a committed file missing
+    (every start would refuse the data dir): the slot's forgetting is fsynced before the unlink."""
+    trace = tmp_path / "trace"
+    subprocess.run(
+        ["strace", "-f", "-qq", "-y", "-e", "trace=pwrite64,fsync,fdatasync,unlink,unlinkat", "-o", str(trace)]
+        + [sys.executable, "-c", FORGET_REMOVE, str(tmp_path / "data")],
+        check=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert not (tmp_path / "data" / "2014-05-01.csv").exists()
+    lines = trace.read_text().splitlines()
+    gone = next(i for i, line in enumerate(lines) if re.search(r'unlink(at)?\(.*2014-05-01\.csv"', line))
+    written = [i for i, line in enumerate(lines[:gone]) if re.search(r"pwrite64\(\d+</[^>]*/\.tiny/sizes>", line)]
+    assert written, "the forgetting was not written before the file went"
+    synced = [i for i in range(written[-1], gone) if re.search(r"f(data)?sync\(\d+</[^>]*/\.tiny/sizes>", lines[i])]
+    assert synced, "the file went before its forgetting reached the disk: " + "\n".join(lines[written[-1] : gone + 1])
+    journal = opened(tmp_path / "data")
+    assert journal.intent.sizes is not None and journal.intent.sizes.items() == {}
+    journal.close()

@@ -369,8 +369,12 @@ def _plan(data_dir: Path, table: SizeTable, name: str, remove: bool) -> tuple[st
 def _carry_out(data_dir: Path, table: SizeTable, name: str, size: int, committed: int, removed: bool) -> str:
     path = data_dir / name
     if removed:
-        path.unlink()
+        # The forgetting reaches the disk before the file goes: a power loss between the two
+        # then leaves a file whose size no one expects (run the command again), never a
+        # committed file missing, which every start would refuse.
         table.forget(name)
+        table.sync()
+        path.unlink()
         return f"removed {path} ({size} bytes) and its committed size ({committed} bytes)"
     if size < 0:
         table.forget(name)
