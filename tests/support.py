@@ -6,6 +6,10 @@ import http.client
 import itertools
 import json
 import os
+import re
+import shutil
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -15,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from tiny.codec import encode_reference
 from tiny.cranlog import iter_records
@@ -298,6 +303,37 @@ def once_counted(server: Any, path: str, seconds: float = 180.0) -> Response:
         assert time.monotonic() < deadline, response.body
         time.sleep(min(5.0, float(response.headers.get("retry-after", "1"))))
     return response
+
+
+needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace is installed by make sysdeps")
+
+
+def traced(trace: Path, script: str, *args: str, calls: str = "pwrite64,fsync,fdatasync,unlink,unlinkat") -> list[str]:
+    """The system calls ``calls`` that ``python -c script args`` made, one line each, every
+    descriptor with its path (strace -f -y into ``trace``; run from the repository's root)."""
+    subprocess.run(
+        ["strace", "-f", "-qq", "-y", "-e", f"trace={calls}", "-o", str(trace), sys.executable, "-c", script, *args],
+        check=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    return trace.read_text().splitlines()
+
+
+def unlinked_once_sizes_synced(lines: list[str], unlinked: str) -> int:
+    """How many unlinks in ``lines`` (:func:`traced`) name a path matching ``unlinked``, each
+    asserted to come when every write to the committed-size table (.tiny/sizes) before it had
+    been fsynced: a power loss then never keeps a deletion and loses its forgetting."""
+    unsynced, count = False, 0
+    for line in lines:
+        if re.search(r"pwrite64\(\d+<[^>]*/\.tiny/sizes>", line):
+            unsynced = True
+        elif re.search(r"f(data)?sync\(\d+<[^>]*/\.tiny/sizes>", line):
+            unsynced = False
+        elif re.search(rf'unlink(at)?\(.*{unlinked}"', line):
+            assert not unsynced, f"{line}: unlinked before its forgotten size was fsynced"
+            count += 1
+    return count
 
 
 def body_of(batch: int, size: int = 20, days: tuple[str, ...] = ("2014-05-04",)) -> bytes:

@@ -5,10 +5,7 @@ from __future__ import annotations
 import os
 import re
 import resource
-import shutil
 import signal
-import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -16,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.journal_support import Append, flush, opened, refusal
-from tests.support import ROOT
+from tests.support import needs_strace, traced, unlinked_once_sizes_synced
 from tiny import layout
 from tiny.admin import forget
 from tiny.commit import CommitError
@@ -318,25 +315,15 @@ forget(data, ["2014-05-01.csv"], remove=True)
 """
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is installed by make sysdeps")
+@needs_strace
 def test_forget_remove_makes_the_forgetting_durable_before_the_file_goes(tmp_path: Path) -> None:
     """A power loss inside ``tiny-admin forget --remove`` never leaves a committed file missing
     (every start would refuse the data dir): the slot's forgetting is fsynced before the unlink."""
-    trace = tmp_path / "trace"
-    subprocess.run(
-        ["strace", "-f", "-qq", "-y", "-e", "trace=pwrite64,fsync,fdatasync,unlink,unlinkat", "-o", str(trace)]
-        + [sys.executable, "-c", FORGET_REMOVE, str(tmp_path / "data")],
-        check=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    lines = traced(tmp_path / "trace", FORGET_REMOVE, str(tmp_path / "data"))
     assert not (tmp_path / "data" / "2014-05-01.csv").exists()
-    lines = trace.read_text().splitlines()
-    gone = next(i for i, line in enumerate(lines) if re.search(r'unlink(at)?\(.*2014-05-01\.csv"', line))
-    written = [i for i, line in enumerate(lines[:gone]) if re.search(r"pwrite64\(\d+</[^>]*/\.tiny/sizes>", line)]
-    assert written, "the forgetting was not written before the file went"
-    synced = [i for i in range(written[-1], gone) if re.search(r"f(data)?sync\(\d+</[^>]*/\.tiny/sizes>", lines[i])]
-    assert synced, "the file went before its forgetting reached the disk: " + "\n".join(lines[written[-1] : gone + 1])
+    assert unlinked_once_sizes_synced(lines, r"/2014-05-01\.csv") == 1
+    forgotten = [i for i, line in enumerate(lines) if re.search(r"pwrite64\(\d+<[^>]*/\.tiny/sizes>", line)]
+    assert len(forgotten) >= 2, "the flush's record and the forgetting, both written"
     journal = opened(tmp_path / "data")
     assert journal.intent.sizes is not None and journal.intent.sizes.items() == {}
     journal.close()

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-import re
-import shutil
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from tests.journal_support import Append, claims, commit_keys, flush, opened, previous_format_keys
+from tests.support import needs_strace, traced, unlinked_once_sizes_synced
 from tiny import layout
 from tiny.commit import Claim, Refused, Stored, Unavailable
 from tiny.commit.local import LocalCommit
 from tiny.files import size_of
 from tiny.intent import FileSpan
 from tiny.keylog import FIRST, KeyTable, encode, records, segment_name, segment_number
-from tiny.testing import ROOT
 
 
 def _replayed(journal: object, *keys: str) -> list[bool]:
@@ -417,28 +413,13 @@ for n in range(15):
 """
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is installed by make sysdeps")
+@needs_strace
 def test_with_fsync_a_segment_expiry_deletes_is_forgotten_durably_before_it_goes(tmp_path: Path) -> None:
     """Committed sizes are never synced (a slot lost is a weaker check), but the forgetting of
     a segment must be on disk before its deletion: otherwise a power loss that kept the
     deletion and lost the forgetting refuses the next start (a committed segment missing)."""
-    trace = tmp_path / "trace"
-    subprocess.run(
-        ["strace", "-f", "-qq", "-y", "-e", "trace=pwrite64,fsync,fdatasync,unlink,unlinkat", "-o", str(trace)]
-        + [sys.executable, "-c", _EXPIRE_A_SEGMENT, str(tmp_path / "data")],
-        check=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-    unsynced, deleted = False, 0
-    for line in trace.read_text().splitlines():
-        if re.search(r"pwrite64\(\d+<[^>]*/\.tiny/sizes>", line):
-            unsynced = True
-        elif re.search(r"f(data)?sync\(\d+<[^>]*/\.tiny/sizes>", line):
-            unsynced = False
-        elif re.search(r"unlink(at)?\(.*/\.tiny/keys/\d{8}\.log\"", line):
-            assert not unsynced, "a segment was deleted before its forgotten size was fsynced"
-            deleted += 1
+    lines = traced(tmp_path / "trace", _EXPIRE_A_SEGMENT, str(tmp_path / "data"))
+    deleted = unlinked_once_sizes_synced(lines, r"/\.tiny/keys/\d{8}\.log")
     assert deleted >= 1  # precondition: expiry deleted a segment
 
 

@@ -10,11 +10,8 @@ the test wrote.
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import sqlite3
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -22,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.support import ROOT, Server, once_counted, record
+from tests.support import Server, needs_strace, once_counted, record, traced
 from tiny import unsynced
 from tiny.aggregate_errors import Unavailable
 from tiny.aggregates import Aggregates, aggregates_path
@@ -201,7 +198,7 @@ else:  # the reader is left to the interpreter's exit
 """
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is installed by make sysdeps")
+@needs_strace
 @pytest.mark.parametrize("last", ["syncer", "reader", "exit"])
 def test_the_checkpoint_of_the_last_close_after_a_sync_reaches_the_disk_before_the_log_goes(
     tmp_path: Path, last: str
@@ -209,17 +206,9 @@ def test_the_checkpoint_of_the_last_close_after_a_sync_reaches_the_disk_before_t
     # SQLite's last connection to close copies the write-ahead log into the store, then
     # deletes the log: a store marked synced must have those copies fsynced in between.
     write_day(tmp_path, COUNTS)
-    trace = tmp_path / "trace"
     calls = "pwrite64,fsync,fdatasync,unlink,unlinkat,rename,renameat,renameat2"
-    subprocess.run(
-        ["strace", "-f", "-qq", "-y", "-e", f"trace={calls}", "-o", str(trace)]
-        + [sys.executable, "-c", CLOSE_AFTER_SYNC, str(tmp_path), last],
-        check=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    lines = traced(tmp_path / "trace", CLOSE_AFTER_SYNC, str(tmp_path), last, calls=calls)
     assert marker_of(tmp_path) == unsynced.SYNCED
-    lines = trace.read_text().splitlines()
     marked = max(i for i, line in enumerate(lines) if re.search(r"rename.*aggregates\.boot\"", line))
     unwritten = copied = False
     for line in lines[marked + 1 :]:
