@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import sqlite3
 import threading
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import tiny.keyload
 from tests.journal_support import Append, claims, commit_keys, flush, opened, previous_format_keys
 from tests.support import needs_strace, traced, unlinked_once_sizes_synced
 from tiny import layout
@@ -606,3 +608,49 @@ def test_a_journal_that_skipped_segments_others_expired_expires_twice_what_it_re
     read = sum(took)
     assert idle.keys.newest - newest > read + 1000  # precondition: it skipped segments of many keys
     assert idle.keys.expired - expired <= 2 * (read + 1) + 8 < 5000
+
+
+# -- the start's loop, compiled and in Python ------------------------------------------------------
+
+
+def _log_of_every_kind(data: Path) -> None:
+    """A journal whose key log holds, among 3,000 keys: the same keys stored again (a slot of
+    the same hash), keys past the window, a record damaged inside the log and a torn tail."""
+    opened(data).close()
+    now, out = time.time(), bytearray()
+    for seq in range(1, 3001):
+        key = f"k{seq % 2500}".encode()  # the last 500 store the first 500 again
+        stored = now - 10 * 86400 if seq % 7 == 0 else now - seq  # every 7th past the window
+        out += encode(seq, stored, FIRST if seq % 3 == 1 else 0, key, b"d" * 16, b"answer %d" % seq)
+        if seq == 1500:
+            out[-3] ^= 0xFF  # damaged inside: its length still leads to the next record
+    out += encode(3001, now, FIRST, b"torn", b"d", b"a")[:-4]
+    (data / segment_name(1)).parent.mkdir(parents=True, exist_ok=True)
+    (data / segment_name(1)).write_bytes(bytes(out))
+
+
+@pytest.mark.skipif(tiny.keyload.CODEC != "rust", reason="the compiled codec is not in use (TINY_CODEC=python)")
+def test_the_compiled_start_loop_fills_the_table_as_the_python_one_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tiny._codec.take_keys against the Python loop, on one log and one hash: the same slots
+    in the same order, the same newest seq, flush, last key and count, through the table's
+    growth (no room reserved), keys stored again, keys past the window, damage and a torn tail."""
+    _log_of_every_kind(tmp_path / "data")
+    shutil.copytree(tmp_path / "data", tmp_path / "copy")
+    monkeypatch.setattr(KeyTable, "reserve", lambda table, keys: None)
+    compiled = opened(tmp_path / "data")
+    monkeypatch.setattr(tiny.keyload, "CODEC", "python")
+    python = opened(tmp_path / "copy")
+    try:
+        ours, theirs = compiled.keys, python.keys
+        assert ours.table.size == theirs.table.size > 2000  # precondition: most keys taken, the table grown
+        assert ours.table.capacity == theirs.table.capacity > 1024
+        assert ours.table.slots()[:2] == theirs.table.slots()[:2]
+        assert (ours.newest, ours._flush_first, ours.last) == (theirs.newest, theirs._flush_first, theirs.last)
+        assert ours.last is not None and ours.last[1] == 3000
+        for n in (1, 499, 2000):  # stored again: the newer record's answer
+            assert ours.decide(claims(f"k{n}"))[0][0] == theirs.decide(claims(f"k{n}"))[0][0]
+    finally:
+        compiled.close()
+        python.close()

@@ -15,10 +15,17 @@ and the ``(start, end)`` of each line it leaves to the rule book (tiny.aggregate
 ``count_lines(fd, start, end, tail)`` counts the LFs among bytes ``start..end`` of an open
 file (tiny.analytics.answers.count_rows): the count, the bytes read (fewer at the end of the
 file) and the last ``tail`` of them.
+
+``key_hash(key)`` is the key table's hash of an Idempotency-Key (tiny.keylog), never 0, keyed anew
+in each process; ``take_keys(...)`` takes the key log's whole records of a buffer into the key
+table's two arrays, the GIL released (tiny.keyload ``_take_compiled`` and rust/tiny_codec/src/keys.rs).
 """
 
+from array import array
+
 __all__ = [
-    "BUILD_ID", "COLUMNS", "MAX_DAYS", "MAX_REJECTS", "MAX_STRING", "REASONS", "count_lines", "encode", "tally",
+    "BUILD_ID", "COLUMNS", "MAX_DAYS", "MAX_REJECTS", "MAX_STRING", "REASONS", "count_lines", "encode",
+    "key_hash", "take_keys", "tally",
 ]  # fmt: skip
 
 __version__: str
@@ -45,3 +52,17 @@ def tally(
     list[tuple[int, int]],
 ]: ...
 def count_lines(fd: int, start: int, end: int, tail: int = 256) -> tuple[int, int, bytes]: ...
+def key_hash(key: bytes) -> int: ...
+def take_keys(
+    buf: bytes,
+    start: int,
+    base: int,
+    hashes: array[int],
+    places: array[int],
+    newest: int,
+    flush_first: int,
+    size: int,
+    cutoff: float,
+    floor: int,
+    limit: float,
+) -> tuple[int, int, int, int, int, int, int, int, int]: ...

@@ -44,6 +44,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from tiny.codec import CODEC
 from tiny.files import fsync_dir
 from tiny.journal_meta import JournalMeta
 from tiny.keylog import (
@@ -51,6 +52,7 @@ from tiny.keylog import (
     FIRST,
     FIXED,
     HEAD,
+    KEY_LENGTH_AT,
     KEYS_DIR,
     KeyTable,
     Record,
@@ -73,6 +75,7 @@ _LOAD_READ = 1 << 24  # bytes the start reads of a segment at a time
 _SAMPLE_READ = 1 << 16  # bytes of the first segment a start reads to size the key table
 _SEGMENT_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC  # read (pread), appended to by flushes, cut when torn
 _LEGACY = "idempotency_keys"  # the previous format's keys table
+_GROW, _SAME = 1, 2  # where tiny._codec.take_keys stops but at the end: past the limit, at a slot of the same hash
 
 
 class KeyReader(JournalMeta):
@@ -324,14 +327,46 @@ class KeyReader(JournalMeta):
 
     def _take(self, buf: bytes, base: int) -> tuple[int, int]:
         """Take the whole records of ``buf`` (at place ``base``) into memory: (the end of the
-        last whole one, len(buf)). The loop a start runs 10 million times: decode() and
-        KeyTable.put() inlined (the same probe: a slot of the same hash is the same key only
+        last whole one, len(buf)). The loop a start runs 10 million times: compiled with the
+        compiled codec (tiny._codec.take_keys), in Python with the reference codec."""
+        cutoff = time.time() - self.window
+        at, last = self._take_compiled(buf, base, cutoff) if CODEC == "rust" else self._take_python(buf, base, cutoff)
+        if last >= 0:
+            found_last = decode(buf, last, len(buf))
+            if found_last is not None:
+                self.last = (found_last[0].key.decode(), found_last[0].seq, found_last[0].stored)
+        return at, len(buf)
+
+    def _take_compiled(self, buf: bytes, base: int, cutoff: float) -> tuple[int, int]:
+        """:meth:`_take_python`'s loop, compiled: it hands back a table past its limit to be
+        grown, and a slot of the same hash, whose record only this object can read (``_same``)."""
+        from tiny._codec import take_keys
+
+        table, at, last = self.table, 0, -1
+        while True:
+            hashes, places, _, limit = table.slots()
+            stop, at, self.newest, self._flush_first, table.size, found, taken, record, h = take_keys(
+                buf, at, base, hashes, places, self.newest, self._flush_first, table.size, cutoff, self._floor, limit
+            )
+            self._taken += taken
+            last = max(last, found)
+            if stop == _GROW:
+                table.grow()
+            elif stop == _SAME:
+                self._want = buf[record + FIXED : record + FIXED + buf[record + KEY_LENGTH_AT]]
+                table.put(h, base + record, self._same)
+            else:
+                return at, last
+
+    def _take_python(self, buf: bytes, base: int, cutoff: float) -> tuple[int, int]:
+        """Take the whole records of ``buf`` (at place ``base``) stored from ``cutoff`` on into
+        the table: (the end of the last whole one, the offset of the newest, or -1). decode()
+        and KeyTable.put() inlined (the same probe: a slot of the same hash is the same key only
         when its record says so)."""
         view = memoryview(buf)
         unpack_head, unpack_fields, crc32 = HEAD.unpack_from, FIELDS.unpack_from, zlib.crc32
         table, same = self.table, self._same
         hashes, places, mask, limit = table.slots()
-        cutoff = time.time() - self.window
         newest, flush_first, last, floor, taken = self.newest, self._flush_first, -1, self._floor, 0
         at, end = 0, len(buf)
         while at + FIXED <= end:
@@ -349,7 +384,7 @@ class KeyReader(JournalMeta):
                     flush_first = seq
                 if stored >= cutoff and seq > floor:
                     key = buf[at + FIXED : at + FIXED + key_length]
-                    h = hash(key) or 1
+                    h = key_hash(key)
                     i = h & mask
                     while True:
                         found = hashes[i]
@@ -369,11 +404,7 @@ class KeyReader(JournalMeta):
             at = stop
         self.newest, self._flush_first = newest, flush_first
         self._taken += taken
-        if last >= 0:
-            found_last = decode(view, last, end)
-            if found_last is not None:
-                self.last = (found_last[0].key.decode(), found_last[0].seq, found_last[0].stored)
-        return at, end
+        return at, last
 
     def _same(self, where: int) -> bool:
         """Whether the record at ``where`` is of the key a probe looks for (it is kept, read)."""

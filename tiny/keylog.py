@@ -16,7 +16,7 @@ segments, oldest first, once every key of one is past the window or the bound: t
 rewrite, since keys only ever leave in the order they came (the oldest first).
 
 In memory, :class:`KeyTable`: an open-addressing hash table (linear probing) of two arrays of
-64-bit integers, the key's hash (Python's own, randomized per process) and the record's place
+64-bit integers, the key's hash (:data:`key_hash`, randomized per process) and the record's place
 (segment number << 40 | offset). 16 bytes a slot, at most :data:`_LOAD` full: 23-48 bytes a
 key, nothing per key on the Python heap. A hit is confirmed by reading the record (its key,
 digest and answer stay on disk).
@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from tiny import layout, limits
+from tiny.codec import CODEC
 
 SEGMENT_BYTES = 64 * 1024**2  # a segment's size before the next one starts
 FIRST = 1  # flag: the first record of its flush
@@ -83,9 +84,19 @@ def split(where: int) -> tuple[int, int]:
     return where >> _OFFSET_BITS, where & _OFFSET_MASK
 
 
-def key_hash(key: bytes) -> int:
-    """The table's hash of ``key`` (never 0, which marks an empty slot)."""
+def _python_key_hash(key: bytes) -> int:
+    """The table's hash of ``key`` (never 0, which marks an empty slot): Python's own."""
     return hash(key) or 1
+
+
+# The table's hash of a key (never 0): the compiled codec's with it (tiny._codec.key_hash, the
+# hash its start loop, take_keys, fills the table by; SipHash keyed anew in each process, as
+# Python's is), Python's with the reference codec. One process uses one.
+key_hash: Callable[[bytes], int] = _python_key_hash
+if CODEC == "rust":
+    from tiny import _codec
+
+    key_hash = _codec.key_hash
 
 
 class Record(NamedTuple):

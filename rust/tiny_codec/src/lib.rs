@@ -14,7 +14,9 @@
 //! - [`runs`]: the scanner's inner loops, 16 bytes at a time;
 //! - [`tally`]: the other way: counting the rows of a day file for the aggregate store
 //!   (`tiny._codec.tally`, tiny/aggregate_count.py);
-//! - [`lines`]: counting a day file's lines (`tiny._codec.count_lines`, the dashboard's day list).
+//! - [`lines`]: counting a day file's lines (`tiny._codec.count_lines`, the dashboard's day list);
+//! - [`keys`]: the key log's records taken into the key table at a start
+//!   (`tiny._codec.take_keys`, tiny/keyload.py) and the table's hash (`tiny._codec.key_hash`).
 //!
 //! The Python binding (feature `python`, on in wheels built by maturin) releases the GIL
 //! for all of the scanning and only builds Python objects at the end.
@@ -22,6 +24,7 @@
 pub mod batch;
 mod fast;
 mod json;
+pub mod keys;
 pub mod lines;
 mod record;
 mod runs;
@@ -29,6 +32,7 @@ pub mod tally;
 
 #[cfg(feature = "python")]
 mod python {
+    use pyo3::exceptions::PyValueError;
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
@@ -117,6 +121,86 @@ mod python {
         Ok((counted.lines, counted.read, PyBytes::new(py, &counted.tail)))
     }
 
+    /// key_hash(key: bytes) -> int
+    ///
+    /// The key table's hash of a key (crate::keys::key_hash): never 0, the same within a
+    /// process, drawn anew in each.
+    #[pyfunction]
+    fn key_hash(key: &[u8]) -> i64 {
+        crate::keys::key_hash(key)
+    }
+
+    /// take_keys's answer: stop, where to go on, newest, flush_first, size, last, taken, record, hash.
+    type Taken = (u8, usize, u64, u64, usize, i64, u64, usize, i64);
+
+    /// Two tables' memory, for the loop that runs without the GIL.
+    struct Slots(*mut i64, *mut i64, usize);
+    // SAFETY: the pointers are used by one thread at a time, while their buffers stay exported.
+    unsafe impl Send for Slots {}
+
+    fn slots_of(table: &Bound<'_, PyAny>) -> PyResult<pyo3::buffer::PyBuffer<i64>> {
+        let buffer = pyo3::buffer::PyBuffer::<i64>::get(table)?;
+        if buffer.readonly() || !buffer.is_c_contiguous() {
+            return Err(PyValueError::new_err("take_keys: a table must be a writable, contiguous array('q')"));
+        }
+        Ok(buffer)
+    }
+
+    /// take_keys(buf: bytes, start: int, base: int, hashes: array, places: array, newest: int,
+    ///     flush_first: int, size: int, cutoff: float, floor: int, limit: float)
+    ///     -> tuple[int, int, int, int, int, int, int, int, int]
+    ///
+    /// The whole records of buf from start taken into the key table (crate::keys::take, the GIL
+    /// released): (stop: 0 at the end of the whole records, 1 past the limit, 2 at a slot of the
+    /// same hash; where to go on; newest; flush_first; size; the offset of the last newer record
+    /// or -1; the newer records read; for stop 2, the record's offset and its hash). ValueError
+    /// for tables that are not two distinct arrays('q') of one power-of-two length.
+    #[pyfunction]
+    #[allow(clippy::too_many_arguments)]
+    fn take_keys<'py>(
+        py: Python<'py>,
+        buf: &[u8],
+        start: usize,
+        base: i64,
+        hashes: &Bound<'py, PyAny>,
+        places: &Bound<'py, PyAny>,
+        newest: u64,
+        flush_first: u64,
+        size: usize,
+        cutoff: f64,
+        floor: u64,
+        limit: f64,
+    ) -> PyResult<Taken> {
+        use crate::keys::{take, Keep, Read, Stop};
+        let hashes = slots_of(hashes)?;
+        let places = slots_of(places)?;
+        let slots = Slots(hashes.buf_ptr().cast(), places.buf_ptr().cast(), hashes.item_count());
+        let fits = hashes.item_count() == places.item_count() && slots.2.is_power_of_two() && slots.0 != slots.1;
+        let taken = (fits && start <= buf.len()).then(|| {
+            py.detach(move || {
+                let slots = slots; // the whole struct, not its fields, into the closure
+                                   // SAFETY: two distinct buffers of `slots.2` i64s each, exported (so never
+                                   // resized) until the releases below; nothing else touches them meanwhile.
+                let (h, p) = unsafe {
+                    (std::slice::from_raw_parts_mut(slots.0, slots.2), std::slice::from_raw_parts_mut(slots.1, slots.2))
+                };
+                take(buf, start, base, h, p, Read { newest, flush_first, size }, Keep { cutoff, floor, limit })
+            })
+        });
+        drop((hashes, places)); // the exports released
+        let taken = taken.ok_or_else(|| {
+            PyValueError::new_err("take_keys: two distinct tables of one power-of-two length, and start within buf")
+        })?;
+        let (stop, record, hash) = match taken.stop {
+            Stop::End => (0, 0, 0),
+            Stop::Grow => (1, 0, 0),
+            Stop::Same { record, hash } => (2, record, hash),
+        };
+        let last = taken.last.map_or(-1, |at| at as i64);
+        let read = taken.read;
+        Ok((stop, taken.at, read.newest, read.flush_first, read.size, last, taken.taken, record, hash))
+    }
+
     /// `tiny._codec`: maturin names the shared library after the last part of the
     /// module-name in pyproject.toml, and Python looks for `PyInit__codec` in it. Besides
     /// `encode`, it says what it is: its version, the hash of the sources it was built from
@@ -128,6 +212,8 @@ mod python {
         m.add_function(wrap_pyfunction!(encode, m)?)?;
         m.add_function(wrap_pyfunction!(tally, m)?)?;
         m.add_function(wrap_pyfunction!(count_lines, m)?)?;
+        m.add_function(wrap_pyfunction!(key_hash, m)?)?;
+        m.add_function(wrap_pyfunction!(take_keys, m)?)?;
         let limits = crate::batch::Limits::default();
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("BUILD_ID", env!("TINY_CODEC_SOURCE_HASH"))?;
