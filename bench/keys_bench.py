@@ -7,11 +7,14 @@ segments noted under the flush lock, then read into memory without it) and repor
 time of the opening itself and until the keys are all in memory (read on a thread of their
 own, tiny.commit.local), the CPU of both, the process's RSS before and after it (VmRSS, /proc/self/status),
 the key table's size, and the CPU of a flush with a fresh key and of a replayed one afterwards.
+With ``--both``, each start is made twice, alternating: with the codec in use (the compiled
+one's start loop, tiny._codec.take_keys) and with the reference codec (TINY_CODEC=python: the
+loop in Python).
 The data dir is a temp dir under ``--dir`` (default: the system's), removed afterwards unless
 ``--keep``.
 
 Usage:
-    python bench/keys_bench.py [--keys 10000000] [--starts 2] [--dir DIR] [--keep]
+    python bench/keys_bench.py [--keys 10000000] [--starts 2] [--both] [--dir DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ def main() -> int:
     parser.add_argument("--starts", type=int, default=2)
     parser.add_argument("--dir", default=None)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--both", action="store_true", help="each start also with TINY_CODEC=python, alternating")
     parser.add_argument("--start", help=argparse.SUPPRESS)  # one start, in this interpreter
     args = parser.parse_args()
     if args.start:
@@ -130,11 +134,18 @@ def main() -> int:
             flush=True,
         )
         for number in range(args.starts):
-            found = subprocess.run(
-                [sys.executable, __file__, "--start", str(data)], check=True, capture_output=True, text=True
-            )
-            figures = json.loads(found.stdout)
-            print(f"start {number + 1}: " + ", ".join(f"{k} {v:,.1f}" for k, v in figures.items()), flush=True)
+            for codec in ("", "python")[: 2 if args.both else 1][:: 1 if number % 2 == 0 else -1]:
+                found = subprocess.run(
+                    [sys.executable, __file__, "--start", str(data)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, **({"TINY_CODEC": codec} if codec else {})},
+                )
+                figures = json.loads(found.stdout)
+                named = f" ({codec or 'in use'} codec)" if args.both else ""
+                shown = ", ".join(f"{k} {v:,.1f}" for k, v in figures.items())
+                print(f"start {number + 1}{named}: {shown}", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
