@@ -8,9 +8,12 @@ import shutil
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 import tiny.keyload
 from tests.journal_support import Append, claims, commit_keys, flush, opened, previous_format_keys
@@ -654,3 +657,50 @@ def test_the_compiled_start_loop_fills_the_table_as_the_python_one_does(
     finally:
         compiled.close()
         python.close()
+
+
+@pytest.mark.skipif(tiny.keyload.CODEC != "rust", reason="the compiled codec is not in use (TINY_CODEC=python)")
+@settings(max_examples=int(os.environ.get("TINY_FUZZ_EXAMPLES", "200")), deadline=None)
+@given(
+    records=st.lists(
+        st.tuples(st.integers(1, 80), st.integers(0, 40), st.sampled_from([1.0, 10 * 86400.0, float("nan")])),
+        min_size=1,
+        max_size=60,
+    ),
+    damage=st.lists(st.tuples(st.integers(0, 1 << 14), st.integers(0, 255)), max_size=4),
+    cut=st.integers(0, 64),
+    start=st.integers(0, 3),
+)
+@example(records=[(seq, seq, 1.0) for seq in range(1, 13)], damage=[], cut=0, start=0)  # grown at the last record
+def test_the_compiled_start_loop_agrees_with_the_python_one_on_any_damage(
+    keyed_pair: tuple[LocalCommit, LocalCommit],
+    records: list[tuple[int, int, float]],
+    damage: list[tuple[int, int]],
+    cut: int,
+    start: int,
+) -> None:
+    """Any bytes (records in any seq order, keys stored again, out of the window, NaN times,
+    bytes flipped, a tail cut), any newest seq read before: the same table, seqs and offsets."""
+    now, buf = time.time(), bytearray()
+    for seq, n, age in records:
+        buf += encode(seq, now - age, FIRST if n % 3 == 0 else 0, b"key-%d" % n, b"d", b"answer")
+    for at, byte in damage:
+        if at < len(buf):
+            buf[at] = byte
+    data = bytes(buf[: max(0, len(buf) - cut)])
+    taken = []
+    for journal, loop in zip(keyed_pair, ("_take_compiled", "_take_python"), strict=True):
+        store = journal.keys
+        store.table, store.newest, store._flush_first, store._taken = KeyTable(16), start, 0, 0
+        at, last = getattr(store, loop)(data, 7 << 40, now - 86400)
+        taken.append((at, last, store.newest, store._flush_first, store._taken, store.table.slots()[:2]))
+    assert taken[0] == taken[1]
+
+
+@pytest.fixture(scope="module")
+def keyed_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCommit, LocalCommit]]:
+    """Two journals whose key stores the start loops run on (their tables replaced each time)."""
+    pair = (opened(tmp_path_factory.mktemp("compiled")), opened(tmp_path_factory.mktemp("python")))
+    yield pair
+    for journal in pair:
+        journal.close()

@@ -175,7 +175,9 @@ mod python {
         let hashes = slots_of(hashes)?;
         let places = slots_of(places)?;
         let slots = Slots(hashes.buf_ptr().cast(), places.buf_ptr().cast(), hashes.item_count());
-        let fits = hashes.item_count() == places.item_count() && slots.2.is_power_of_two() && slots.0 != slots.1;
+        let (a, b, n) = (slots.0 as usize, slots.1 as usize, slots.2 * 8);
+        let apart = a + n <= b || b + n <= a; // two &mut slices must not overlap
+        let fits = hashes.item_count() == places.item_count() && slots.2.is_power_of_two() && apart;
         let taken = (fits && start <= buf.len()).then(|| {
             py.detach(move || {
                 let slots = slots; // the whole struct, not its fields, into the closure
