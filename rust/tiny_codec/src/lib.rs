@@ -180,9 +180,11 @@ mod python {
         let fits = hashes.item_count() == places.item_count() && slots.2.is_power_of_two() && apart;
         let taken = (fits && start <= buf.len()).then(|| {
             py.detach(move || {
-                let slots = slots; // the whole struct, not its fields, into the closure
-                                   // SAFETY: two distinct buffers of `slots.2` i64s each, exported (so never
-                                   // resized) until the releases below; nothing else touches them meanwhile.
+                // The whole struct, not its fields, into the closure (its fields are not Send).
+                let slots = slots;
+                // SAFETY: two buffers of `slots.2` i64s each that do not overlap, exported (so
+                // never resized) until `hashes` and `places` drop below; nothing else touches
+                // them meanwhile (the key table belongs to the thread that called).
                 let (h, p) = unsafe {
                     (std::slice::from_raw_parts_mut(slots.0, slots.2), std::slice::from_raw_parts_mut(slots.1, slots.2))
                 };
