@@ -174,6 +174,32 @@ def test_full_tmpfs_gets_503_and_accepts_again_when_space_is_back(tmp_path: Path
     assert statuses.get("503", 0) > 0
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_full_disk_keeps_healthz_failing_until_space_is_back_then_clears_without_a_write(tmp_path: Path) -> None:
+    """/healthz probes the write path once a second; a probe writes nothing, so after the disk
+    refused a flush it also asks for room for that flush's bytes: it fails while the disk is
+    full (never "ok" to a balancer while every write gets 503) and clears once there is room."""
+    data = tmp_path / "data"
+    data.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tinytest", str(data)], check=True)
+    try:
+        with Server(data) as server:
+            load = Load(server.port, "2014-05-04", size=100)
+            assert _post_until_refused(server, load, 40).get("503", 0) > 0  # precondition: the disk is full
+            answers = []
+            deadline = time.monotonic() + 3.5  # three probes and more
+            while time.monotonic() < deadline:
+                answers.append(server.request("GET", "/healthz"))
+                time.sleep(0.25)
+            assert [a.status for a in answers] == [503] * len(answers), [a.body for a in answers if a.status != 503]
+            assert "bytes free" in answers[-1].json()["reason"], answers[-1].body
+            subprocess.run(["mount", "-o", "remount,size=4m", str(data)], check=True)
+            assert wait_for(lambda: server.request("GET", "/healthz").status == 200, timeout=5.0)
+            assert server.ingest(b"\n".join(load.batch(1, 0))).status == 200
+    finally:
+        subprocess.run(["umount", "-l", str(data)], check=False)
+
+
 def _slow_client(port: int, payload: bytes, pause: float, until: float) -> tuple[bool, float]:
     """Send ``payload`` a byte at a time; return (closed by the server, seconds until then)."""
     started = time.monotonic()

@@ -52,6 +52,7 @@ log = logging.getLogger("tiny.sink")
 MAX_FLUSH_APPENDS = limits.MAX_FLUSH_APPENDS  # appends (so keys) in one flush: bounds its transaction and expiry
 _REOPEN_SECONDS = 1.0  # a commit point that failed to open is tried again at most this often
 _STOPPING = "the server is stopping"
+_PROBE_ROOM = 1 << 20  # a probe after the disk refused a flush asks room for its bytes, at most this many
 _DEADLINE_SLACK = 0.05  # an append this close to its wait bound fails with the flush that timed out
 
 
@@ -141,6 +142,8 @@ class DailyFileSink:
         self._closed = False  # close() has written the last flush: appends are refused
         self._closed_ok = True  # what close() returned
         self.fault: str | None = None  # why the last flush (or opening) failed; None after a success
+        # The files, bytes and reason of a flush the disk refused, until a flush succeeds:
+        self._refused: tuple[list[str], int, str] | None = None
         self.failures = 0  # appends answered with an error
         self.busy_since = 0.0  # time.monotonic() when the sink thread began the flush it is in; 0 when idle
 
@@ -242,7 +245,10 @@ class DailyFileSink:
     def probe(self) -> None:
         """If the last flush failed and none is under way, try the write path once more,
         writing nothing (the commit point opened, the way in taken, recovery run), at most
-        once a second: a fault that went away is then cleared without waiting for a request."""
+        once a second: a fault that went away is then cleared without waiting for a request.
+        After the disk refused a flush, the fault stays until the commit point finds room for
+        that flush's bytes (at most _PROBE_ROOM) and its files open for appending (its
+        ``writable``), or a flush succeeds: a write that writes nothing proves nothing of a disk."""
         now = time.monotonic()
         if self._closed or self.fault is None or self._flushing is not None or now - self._probed < _REOPEN_SECONDS:
             return
@@ -252,7 +258,7 @@ class DailyFileSink:
     async def _flush_loop(self, probe: bool = False) -> None:
         try:
             if probe:
-                await self._flush([])
+                await self._probe()
             while self._pending:
                 pending, self._pending = self._pending, []
                 queue = deque(_groups(pending, self.max_files))
@@ -270,6 +276,20 @@ class DailyFileSink:
                         break
         finally:
             self._flushing = None
+
+    async def _probe(self) -> None:
+        refused = self._refused
+        await self._flush([])
+        if refused is None or self.fault is not None:
+            return
+        names, size, reason = refused
+        self.fault = reason  # at once (no await since the flush): an empty flush proves nothing of a disk
+        loop = asyncio.get_running_loop()
+        why = await loop.run_in_executor(self._executor, self.commit_point.writable, names, min(size, _PROBE_ROOM))
+        if why is None:
+            self.fault = self._refused = None
+        else:
+            self.fault = f"{reason} (still: {why})"
 
     async def _flush(self, group: list[_Append]) -> list[_Append] | None:
         """Write ``group`` in one flush, all or nothing. Returns None when it failed and is
@@ -293,6 +313,7 @@ class DailyFileSink:
         except WriteFailed as exc:
             log.error("flush of %d bytes (%d appends) failed: %s", size, len(group), exc)
             self.fault = str(exc)
+            self._refused = (sorted({name for append in group for name in append.chunks}), size, str(exc))
             if len(group) == 1:
                 self._fail(group, exc)
             else:
@@ -302,6 +323,8 @@ class DailyFileSink:
             self._fail(group, exc)
         else:
             self.fault, ok = None, True
+            if group:
+                self._refused = None
             position = receipt.position
             for append, stored in zip(group, receipt.decisions, strict=True):
                 self._backlog -= append.size

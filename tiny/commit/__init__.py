@@ -158,6 +158,12 @@ class CommitPoint(Protocol):
         """What this process has waited for, for over a second, to begin a flush; or None."""
         ...
 
+    def writable(self, names: Sequence[str], size: int) -> str | None:
+        """Why the disk would refuse ``size`` more bytes to the files ``names`` now, seen
+        without writing anything (no room for them, a file that cannot be opened for appending),
+        or None. (After the disk refused a flush: whether it would take that flush now.)"""
+        ...
+
     def blocked_elsewhere(self) -> str | None:
         """What outside this process would make a flush wait now (never waits); or None."""
         ...

@@ -239,6 +239,10 @@ class ClusterCommit:
     def committed_sizes(self, names: Sequence[str]) -> dict[str, int]:
         return self.local.committed_sizes(names)
 
+    def writable(self, names: Sequence[str], size: int) -> str | None:
+        """The local data dir's (the follower appends the batches to its files)."""
+        return self.local.writable(names, size)
+
     def waiting(self) -> str | None:
         since = self._waiting_since
         if since and time.monotonic() - since > _WAIT_REPORTED_AFTER:

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import resource
 import sqlite3
 import threading
 import time
@@ -356,6 +358,35 @@ class LocalCommit:
         with self.locked():
             self.intent.recover(self.keys.is_stored)
             return {name: size for name in names if (size := size_of(self.data_dir / name)) >= 0}
+
+    def writable(self, names: Sequence[str], size: int) -> str | None:
+        """Room for ``size`` bytes on the data dir's file system (statvfs, what an unprivileged
+        writer may use), and each file of ``names`` opened for appending (or, missing, its
+        folder writable), as the flush opens them, with room under the process's file size
+        limit; nothing is written."""
+        try:
+            room = os.statvfs(self.data_dir)
+            free = room.f_bavail * room.f_frsize
+            if free < size:
+                return f"{self.data_dir} has {free:,} bytes free, fewer than the {size:,} a write needs"
+            largest = resource.getrlimit(resource.RLIMIT_FSIZE)[0]  # a file past it is EFBIG
+            for name in names:
+                path = self.data_dir / name
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    folder = path.parent if path.parent.is_dir() else self.data_dir
+                    if not os.access(folder, os.W_OK):
+                        return f"{folder} cannot be written to"
+                    continue
+                try:
+                    if largest != resource.RLIM_INFINITY and os.fstat(fd).st_size + size > largest:
+                        return f"{path} would pass this process's file size limit ({largest:,} bytes)"
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            return f"{exc.filename or self.data_dir}: {exc.strerror or exc}"
+        return None
 
     def waiting(self) -> str | None:
         waiting = self.lock.waiting_since
