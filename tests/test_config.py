@@ -118,6 +118,32 @@ def test_a_missing_or_empty_token_file_stops_at_start_up(
     assert "--token-file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("argv", "environ"), [(["--token", ""], {}), ([], {"TINY_TOKEN": ""})])
+def test_an_empty_token_stops_at_start_up_rather_than_turning_authentication_off(
+    argv: list[str], environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--token "$UNSET"`` or ``TINY_TOKEN=`` is a mistake, not a wish to run open."""
+    with pytest.raises(SystemExit):
+        config.parse(argv, environ)
+    assert "is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "content"),
+    [([], {"TINY_TOKEN": " s3cret "}, None), (["--token", "s3 cret"], {}, None), ([], {}, "first\nsecond\n")],
+)
+def test_a_token_no_authorization_header_can_carry_stops_at_start_up(
+    tmp_path: Path, argv: list[str], environ: dict[str, str], content: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Whitespace or a line break in a token: every request would get 401."""
+    if content is not None:
+        (tmp_path / "token").write_text(content)
+        argv = ["--token-file", str(tmp_path / "token")]
+    with pytest.raises(SystemExit):
+        config.parse(argv, environ)
+    assert "whitespace or a control character" in capsys.readouterr().err
+
+
 def test_a_token_given_twice_stops_at_start_up(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("a")
     with pytest.raises(SystemExit):

@@ -429,8 +429,6 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     # so a bad environment value fails here exactly like a bad flag.
     args = parser.parse_args(argv)
     values = {name: getattr(args, name) for name, _, _ in _FLAGS}
-    if values["token"] == "":
-        values["token"] = None
     for name, kind, _ in _FLAGS:  # a default from Config is not run through the flag's type
         if kind is _boolean:
             values[name] = _boolean(values[name])
@@ -462,7 +460,10 @@ def _check_cluster(parser: argparse.ArgumentParser, values: dict[str, object]) -
 
 
 def _token(parser: argparse.ArgumentParser, args: argparse.Namespace, on_command_line: bool) -> tuple[str | None, str]:
-    """The token and where it came from: --token-file (read now), --token, or TINY_TOKEN."""
+    """The token and where it came from: --token-file (read now, stripped), --token, or
+    TINY_TOKEN. Stops the start for a token that is empty (an unset shell variable would
+    otherwise turn authentication off without a word) or that holds whitespace or a control
+    character (no Authorization header can carry it: every request would get 401)."""
     if args.token_file is not None:
         if args.token:
             parser.error("argument --token-file: give the token once, by --token-file or by --token / TINY_TOKEN")
@@ -472,7 +473,21 @@ def _token(parser: argparse.ArgumentParser, args: argparse.Namespace, on_command
             parser.error(f"argument --token-file: cannot read {args.token_file}: {exc}")
         if not token:
             parser.error(f"argument --token-file: {args.token_file} is empty")
-        return token, "file"
-    if not args.token:
+        flag, source, where = "--token-file", "file", f"in {args.token_file}"
+    elif args.token is None:
         return None, ""
-    return args.token, "command line" if on_command_line else "environment"
+    else:
+        token, flag = args.token, "--token"
+        source = "command line" if on_command_line else "environment"
+        where = "on the command line" if on_command_line else "in TINY_TOKEN"
+        if not token:
+            parser.error(
+                f"argument --token: the token given {where} is empty; to run without a token, "
+                "leave out --token and unset TINY_TOKEN"
+            )
+    if any(char.isspace() or not char.isprintable() for char in token):
+        parser.error(
+            f"argument {flag}: the token given {where} holds whitespace or a control character, which "
+            "no 'Authorization: Bearer' header can carry: every request would get 401 (a token file holds one line)"
+        )
+    return token, source
