@@ -382,3 +382,26 @@ def test_forget_refuses_a_data_dir_that_follows_a_cluster(tmp_path: Path) -> Non
     with pytest.raises(Refused, match="follows the PostgreSQL cluster cluster-1"):
         admin.forget(data, [day.name], remove=True)
     assert day.exists() and sorted((path.name, path.stat().st_size) for path in data.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["backup", "{missing}", "{dest}"],
+        ["backup", "{plain}", "{dest}"],
+        ["set-key-bounds", "{missing}", "3600", "1000"],
+        ["rebuild-aggregates", "{missing}"],
+    ],
+)
+def test_tiny_admin_on_a_mistyped_data_dir_is_refused_and_makes_nothing(tmp_path: Path, command: list[str]) -> None:
+    """A typo in a backup script must not report "copied 0 files", nor make a journal where no
+    data dir was: a path that is no directory (or, to back up, that no server ran on) is refused."""
+    (tmp_path / "plain").mkdir()
+    paths = {"missing": tmp_path / "no" / "such", "plain": tmp_path / "plain", "dest": tmp_path / "dest"}
+    argv = [part.format(**paths) for part in command]
+    done = subprocess.run(
+        [sys.executable, "-m", "tiny.admin", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and "nothing was done" in done.stderr, done.stderr
+    assert not (tmp_path / "no").exists() and not (tmp_path / "dest").exists()
+    assert list((tmp_path / "plain").iterdir()) == []

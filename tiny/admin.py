@@ -88,6 +88,15 @@ log = logging.getLogger("tiny.admin")
 _COPY_BLOCK = 1 << 20
 
 
+def _existing(data_dir: Path, journal: bool = False) -> None:
+    """Refused unless ``data_dir`` is a directory (``journal``: with a journal of this version),
+    before anything is made in it: a mistyped path is not a data dir to create."""
+    if not data_dir.is_dir():
+        raise Refused(f"{data_dir} is not a directory: nothing was done")
+    if journal and stored_mode(data_dir) is None:
+        raise Refused(f"{data_dir} has no journal of this version: no server has run on it; nothing was done")
+
+
 def backup(
     data_dir: Path, dest: Path, lock_timeout: float = 30.0, hold: tuple[str, str] | None = None
 ) -> dict[str, int]:
@@ -96,6 +105,7 @@ def backup(
     position copied. ``hold``: (the cluster's DSN, a follower name) to register at that
     position. CommitError when the data dir's journal is refused, FileExistsError when
     ``dest`` exists, Refused when the hold cannot be registered (nothing is copied then)."""
+    _existing(data_dir, journal=True)
     if dest.exists():
         raise FileExistsError(f"{dest} exists; back up into a new directory")
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
@@ -254,6 +264,7 @@ def set_key_bounds(data_dir: Path, window: float, max_keys: int, lock_timeout: f
     ``max_keys`` (tiny.datadir ``pin_key_bounds``); returns what the journal held before
     ("none": no server has opened it since it was made). Stop every server on it first: a
     running one goes on with its own bounds until it restarts, when it is refused."""
+    _existing(data_dir)
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
     journal.open(keys=False)
     try:
@@ -275,6 +286,7 @@ def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
     committed, at one instant (noted under the flush lock, after recovery), and raise the
     store's generation; returns the rows. Unavailable when a day file is not a regular file
     or the store cannot be written (the store is left as it was)."""
+    _existing(data_dir)
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
     journal.open(keys=False)
     try:
