@@ -405,3 +405,28 @@ def test_tiny_admin_on_a_mistyped_data_dir_is_refused_and_makes_nothing(tmp_path
     assert done.returncode == 1 and "nothing was done" in done.stderr, done.stderr
     assert not (tmp_path / "no").exists() and not (tmp_path / "dest").exists()
     assert list((tmp_path / "plain").iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_backup_the_disk_refuses_leaves_no_destination_a_server_would_take(tmp_path: Path) -> None:
+    """Onto a 256 KB file system a 1 MB data dir does not fit: exit 1 saying so, and neither
+    DEST (its day file cut mid-row, which a server would start on) nor anything aside is left."""
+    data, small = tmp_path / "data", tmp_path / "small"
+    with Server(data) as server:
+        for batch in range(6):
+            assert server.ingest(body_of(batch, size=1000)).status == 200
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tinytest", str(small)], check=True)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tiny.admin", "backup", str(data), str(small / "copy")],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1 and "nothing of it was left" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert list(small.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)

@@ -79,7 +79,7 @@ from tiny.commit import CommitError, Refused
 from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
 from tiny.config import host_name, max_keys, seconds
-from tiny.files import size_of
+from tiny.files import fsync_dir, size_of
 from tiny.journal_meta import MODES, bounds_text, described, seconds_text, stored_mode
 from tiny.keylog import KEYS_DIR, records, segment_number
 from tiny.refusals import Found
@@ -121,17 +121,29 @@ def backup(
             position = _position(journal, hold is not None)
             if hold is not None:
                 _hold(hold, position or 0)
-        dest.mkdir(parents=True)
-        layout.state_dir(dest).mkdir()
-        copied = 0
-        for name, size in sorted(sizes.items()):
-            copied += _copy_prefix(data_dir / name, dest / name, size)
-        _copy_journal(journal, layout.journal_path(dest))
-        kept = _copy_key_log(segments, dest)
-        layout.intent_path(dest).write_bytes(intent)
-        layout.sizes_path(dest).write_bytes(committed)
-        layout.lock_path(dest).write_bytes(lock_line)
-        shutil.copyfile(layout.identity_path(data_dir), layout.identity_path(dest))
+        # Built aside and renamed into place whole: a backup that fails (a full disk) leaves
+        # no DEST that a server would take for a data dir, its files cut mid-row.
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        aside = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+        try:
+            aside.mkdir()
+            layout.state_dir(aside).mkdir()
+            copied = 0
+            for name, size in sorted(sizes.items()):
+                copied += _copy_prefix(data_dir / name, aside / name, size)
+            _copy_journal(journal, layout.journal_path(aside))
+            kept = _copy_key_log(segments, aside)
+            layout.intent_path(aside).write_bytes(intent)
+            layout.sizes_path(aside).write_bytes(committed)
+            layout.lock_path(aside).write_bytes(lock_line)
+            shutil.copyfile(layout.identity_path(data_dir), layout.identity_path(aside))
+            for folder in [*(path for path in aside.rglob("*") if path.is_dir()), aside]:
+                fsync_dir(folder)
+            aside.rename(dest)
+            fsync_dir(dest.parent)
+        except OSError as exc:
+            shutil.rmtree(aside, ignore_errors=True)
+            raise OSError(f"the backup into {dest} failed ({exc.strerror or exc}); nothing of it was left") from exc
     finally:
         journal.close()
         for fd, _ in segments.values():
