@@ -430,3 +430,15 @@ def test_a_backup_the_disk_refuses_leaves_no_destination_a_server_would_take(tmp
         assert list(small.iterdir()) == []
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_a_journal_made_over_day_files_already_there_is_said_loudly(tmp_path: Path) -> None:
+    """Day files put in to be served start with no flag, but a journal deleted with .tiny-id
+    looks the same: the start warns that no earlier key is known."""
+    data = tmp_path / "data"
+    with Server(data) as server:
+        assert server.ingest(body_of(1)).status == 200
+    shutil.rmtree(data / ".tiny")
+    (data / ".tiny-id").unlink()
+    with Server(data) as server:
+        assert "WARNING" in server.log() and "created a journal for the 1 day files already in" in server.log()

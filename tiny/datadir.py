@@ -250,7 +250,18 @@ class _Opening:
         fsync_dir(layout.state_dir(self.data_dir))
         os.replace(_pending(identity_path), identity_path)
         fsync_dir(self.data_dir)
-        log.info("created the journal of data dir %s in %s", dir_id, layout.state_dir(self.data_dir))
+        found = sum(1 for entry in os.scandir(self.data_dir) if layout.day_of(entry.name))
+        if found:  # files served before, or put here to be served: said loudly either way
+            log.warning(
+                "created a journal for the %d day files already in %s: no key of a batch before it is known, so "
+                "a batch retried from before is written again (if a journal was here and was deleted with %s, "
+                "stop and restore both from a backup instead)",
+                found,
+                self.data_dir,
+                layout.identity_path(self.data_dir).name,
+            )
+        else:
+            log.info("created the journal of data dir %s in %s", dir_id, layout.state_dir(self.data_dir))
         return Identity(dir_id, secret)
 
     def start_fresh(self, reason: str) -> Identity:
