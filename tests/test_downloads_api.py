@@ -408,3 +408,32 @@ def test_head_where_there_is_no_get_is_405_with_allow(server: InProcessServer) -
     assert (status, headers["allow"]) == (405, "POST")
     response = server.request("POST", "/top/last-day")
     assert (response.status, response.headers["allow"]) == (405, "GET, HEAD")
+
+
+def test_daily_counts_past_the_bound_are_400_before_any_counting(server: InProcessServer) -> None:
+    """A century for 200 packages fits a 1 KB URL and held the analytics pool for its whole
+    deadline, past a gigabyte: refused at once, saying the bound."""
+    names = ",".join(f"p{n}" for n in range(200))
+    response = get(server, f"/downloads/daily/1915-01-01:2014-12-31/{names}")
+    assert response.status == 400, response.body
+    assert "at most 100,000" in orjson.loads(response.body)["error"]["message"]
+    assert get(server, f"/downloads/daily/2014-01-01:2014-12-31/{names.split(',', 1)[0]}").status == 200
+
+
+def test_more_packages_than_the_bound_are_400(server: InProcessServer) -> None:
+    names = ",".join(f"p{n}" for n in range(1001))
+    response = get(server, f"/downloads/total/{DAY}/{names}")
+    assert response.status == 400 and "at most 1,000" in orjson.loads(response.body)["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/downloads/total/last-week/pkg", "/downloads/daily/last-month", "/top/last-week", "/trending", "/badges/pkg"],
+)
+def test_a_last_day_at_the_first_days_there_are_answers_from_the_first_day(tmp_path: Path, path: str) -> None:
+    """A record dated 0001-01-05 makes it the last day with data; a week before it is no date
+    (an OverflowError, a 500): the periods start at 0001-01-01 instead."""
+    with InProcessServer(tmp_path / "data", "--public-downloads") as early:
+        assert early.ingest(orjson.dumps(record(date="0001-01-05", package="pkg")) + b"\n").status == 200
+        response = once_counted(early, path)
+        assert response.status == 200, response.body

@@ -62,7 +62,7 @@ def parse_period(text: str, last_day: date) -> Period:
     """The days ``text`` names, ``last_day`` being the last day with data; ValueError else."""
     keyword = keyword_of(text)
     if keyword in SPANS:
-        return Period(last_day - timedelta(days=SPANS[keyword]), last_day)
+        return Period(days_before(last_day, SPANS[keyword]), last_day)
     first, colon, second = text.partition(":")
     start = _date(first)
     end = (last_day if keyword_of(second) == "last-day" else _date(second)) if colon else start
@@ -71,6 +71,12 @@ def parse_period(text: str, last_day: date) -> Period:
     if (end - start).days > 366 * 100:
         raise ValueError(f"the period {text!r} is longer than a century")
     return Period(start, end)
+
+
+def days_before(day: date, count: int) -> date:
+    """``count`` days before ``day``, or the first day there is (a record dated 0001-01-05 makes
+    it the last day with data: a week before it is no date)."""
+    return day - timedelta(days=count) if day.toordinal() > count else date.min
 
 
 def keyword_of(text: str) -> str:
@@ -147,15 +153,15 @@ def _ranked(store: Aggregates, period: Period, limit: int) -> list[tuple[str, in
 
 def trending_period(last_day: date) -> Period:
     """The days /trending reads: the week ending ``last_day`` and the TRENDING_WEEKS weeks before."""
-    return Period(last_day - timedelta(days=6 + 7 * TRENDING_WEEKS), last_day)
+    return Period(days_before(last_day, 6 + 7 * TRENDING_WEEKS), last_day)
 
 
 def trending(store: Aggregates, last_day: date) -> list[dict[str, str]]:
     """Packages downloaded at least TRENDING_MIN times in the week ending ``last_day`` whose
     count rose most against their average week over the TRENDING_WEEKS weeks before; the
     increase as the public service computes it: that week / the average week, in percent."""
-    week_start = last_day - timedelta(days=6)
-    before_start = week_start - timedelta(days=7 * TRENDING_WEEKS)
+    week_start = days_before(last_day, 6)
+    before_start = days_before(week_start, 7 * TRENDING_WEEKS)
     week = (week_start.isoformat(), last_day.isoformat())
     before = (before_start.isoformat(), week_start.isoformat())
     rows = sql.rising_packages(store.db, week, before, TRENDING_WEEKS, TRENDING_MIN)

@@ -87,5 +87,7 @@ DAYS_PAGE_MAX = 1000
 # -- the CRAN downloads API (tiny.cran_api), as the public service -----------------------------------
 CRAN_MAX_TOP = 100  # the public service keeps the top 100 of each period: a larger count gets 100
 CRAN_DEFAULT_TOP = 9  # the public service's count when none is given
+CRAN_MAX_PACKAGES = 1000  # packages one /downloads request names at most (400 past it)
+CRAN_MAX_DAILY_COUNTS = 100_000  # days x packages one /downloads/daily answer holds at most (400 past it)
 TRENDING_MIN = 1000  # downloads in the last week for a package to trend
 TRENDING_WEEKS = 24  # the weeks before the last one a package's rise is measured against

@@ -112,6 +112,17 @@ class PackageDownloadsHandler(DownloadsBase):
         period = self.period(period_text)
         packages = self.packages(packages_text)
         names = tuple(packages) if packages else None
+        if names and len(names) > limits.CRAN_MAX_PACKAGES:
+            raise APIError(400, f"{len(names):,} packages in one request; at most {limits.CRAN_MAX_PACKAGES:,}")
+        counts = ((period.end - period.start).days + 1) * len(names or ("all",))
+        if kind == "daily" and counts > limits.CRAN_MAX_DAILY_COUNTS:
+            # One answer is built whole in an analytics process: a century for 200 packages in
+            # a 1 KB URL held the pool for its whole deadline and grew it past a gigabyte.
+            raise APIError(
+                400,
+                f"{counts:,} daily counts (days x packages) asked for in one answer; at most "
+                f"{limits.CRAN_MAX_DAILY_COUNTS:,}: ask for fewer days or packages at a time",
+            )
         self.send(await self.answer(Total(period, names) if kind == "total" else Daily(period, names)))
 
 
