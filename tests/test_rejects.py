@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import orjson
 
-from tiny.rejects import render
+from tiny.rejects import RAW_LINE, RAW_REQUEST, render
 
 RECEIVED = datetime(2026, 11, 23, 9, 41, 7, 123456, tzinfo=UTC)
 
@@ -45,3 +45,24 @@ def test_lines_past_the_limit_are_one_summary_with_their_count_and_range() -> No
 
 def test_nothing_refused_renders_nothing() -> None:
     assert render([], RECEIVED) == b""
+
+
+def test_a_long_line_keeps_its_first_bytes_and_says_its_whole_length() -> None:
+    (entry,) = lines(render([(1, "invalid JSON", b"x" * (RAW_LINE + 10))], RECEIVED))
+    assert entry["raw"] == "x" * RAW_LINE and entry["raw_bytes"] == RAW_LINE + 10
+
+
+def test_a_line_cut_inside_a_character_stays_valid_utf8() -> None:
+    raw = b"x" * (RAW_LINE - 1) + "é".encode() + b"tail"
+    (entry,) = lines(render([(1, "invalid JSON", raw)], RECEIVED))
+    assert entry["raw"] == "x" * (RAW_LINE - 1) and "raw_base64" not in entry and entry["raw_bytes"] == len(raw)
+
+
+def test_one_request_writes_a_bounded_rejects_file_however_its_lines_escape() -> None:
+    """1,000 lines of 16,000 control bytes (17 KB of gzip) wrote 96 MB of rejects: each one's
+    escaping is six times its bytes. The lines' bytes kept are bounded per line and per request."""
+    out = render(((n, "invalid JSON", b"\x01" * 16_000) for n in range(1, 1001)), RECEIVED)
+    assert len(out) < 6.5 * RAW_REQUEST + 1000 * 200
+    entries = lines(out)
+    assert len(entries) == 1000 and all(entry["raw_bytes"] == 16_000 for entry in entries)
+    assert sum(len(str(entry["raw"])) for entry in entries) == RAW_REQUEST
