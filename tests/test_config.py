@@ -452,3 +452,13 @@ def test_admin_backup_checks_cluster_and_host_name_as_the_server_does(
     err = capsys.readouterr().err
     assert exited.value.code == 2 and said in err and "secret-1" not in err and "Traceback" not in err
     assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize(("argv", "environ"), [([], {"TINY_DATA_DIR": ""}), (["--address", " "], {})])
+def test_an_empty_data_dir_or_address_stops_at_start_up(
+    argv: list[str], environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``TINY_DATA_DIR=`` was the current directory: the day files went wherever it was run."""
+    with pytest.raises(SystemExit):
+        config.parse(argv, environ)
+    assert "must not be empty" in capsys.readouterr().err

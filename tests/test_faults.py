@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from tests.conftest import SCALE
-from tests.support import Load, Server, alive, record, wait_for
+from tests.support import Load, Server, alive, body_of, record, wait_for
 
 pytestmark = pytest.mark.reliability  # `make reliability` runs these longer
 
@@ -73,6 +73,17 @@ def test_sigterm_under_load_exits_zero_in_time(tmp_path: Path, figures: dict[str
         **counts,
     )
     assert code == 0 and took < 10
+
+
+def test_sighup_drains_and_exits_zero_as_sigterm_does(tmp_path: Path) -> None:
+    """A terminal that hangs up sends SIGHUP to the whole process group, the workers too: the
+    server drains as it does for SIGTERM, each acknowledged row kept, instead of dying unlogged."""
+    with Server(tmp_path / "data", processes=2) as server:
+        assert server.ingest(body_of(1)).status == 200
+        os.killpg(server.proc.pid, signal.SIGHUP)  # the process group, as a terminal's hangup
+        assert server.proc is not None and server.proc.wait(15) == 0
+        assert "got SIGHUP; draining" in server.log(), server.log()[-3000:]
+    assert (tmp_path / "data" / "2014-05-04.csv").read_bytes().count(b"\n") == 21  # the header and 20 rows
 
 
 def test_kill9_of_the_parent_leaves_no_orphan_and_the_port_restarts(tmp_path: Path, figures: dict[str, Any]) -> None:

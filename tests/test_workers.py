@@ -60,6 +60,27 @@ def test_a_second_server_on_a_port_in_use_fails_at_once_and_takes_no_traffic(tmp
     assert not list((tmp_path / "second").glob("*.csv"))
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--data-dir", "{file}"], "the data dir {file} cannot be made: File exists"),
+        (["--address", "no-such-host.invalid"], "cannot listen on no-such-host.invalid:0"),
+        (["--address", "192.0.2.1"], "cannot listen on 192.0.2.1:0: Cannot assign requested address"),
+    ],
+)
+def test_a_data_dir_or_address_that_cannot_be_used_stops_the_start_with_a_message(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    """A file where the data dir goes, a name that does not resolve, an address not of this
+    host: exit 1 with one line saying so, not a traceback."""
+    (tmp_path / "file").write_text("")
+    argv = [part.format(file=tmp_path / "file") for part in args]
+    done = _start_on(0, tmp_path / "data", *argv)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and said.format(file=tmp_path / "file") in output, output
+    assert "Traceback" not in output
+
+
 @pytest.mark.hardening("ingest 5: a second server on a port in use started and took traffic")
 def test_a_foreign_reuseport_listener_on_the_port_is_refused_too(tmp_path: Path) -> None:
     with socket.socket() as other:  # another program that allows port sharing

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from tiny import affinity, limits
 from tiny.cluster import dsn
@@ -227,6 +228,21 @@ def _boolean(text: str | bool) -> bool:
     raise argparse.ArgumentTypeError("must be true or false (1/0, yes/no)")
 
 
+_T = TypeVar("_T")
+
+
+def _named(kind: Callable[[str], _T]) -> Callable[[str], _T]:
+    """``kind`` of a value that must not be empty (an unset shell variable, ``TINY_DATA_DIR=``,
+    would otherwise be the current directory, or every address)."""
+
+    def convert(text: str) -> _T:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("must not be empty")
+        return kind(text)
+
+    return convert
+
+
 _port = _whole(0, 65535)
 _processes = _whole(0, 1024)  # more worker processes than any host has cores is a mistake
 _processes_per_lane = _whole(1, 1024)
@@ -247,7 +263,7 @@ _rate = _decimal(_MIN_RATE, 1_000_000, "a number per second", zero="no pacing")
 # without help is for the tests only and stays out of --help.
 _FLAGS: list[tuple[str, Callable[[str], object], str | None]] = [
     ("port", _port, "TCP port to listen on"),
-    ("address", str, "address to bind"),
+    ("address", _named(str), "address to bind"),
     ("processes", _processes, "worker processes; 0 = one per core"),
     (
         "cpu_affinity",
@@ -255,7 +271,7 @@ _FLAGS: list[tuple[str, Callable[[str], object], str | None]] = [
         "pin each worker to one core: 'auto' (when there is a worker per usable core), 'none', or K "
         "(worker i on the (K+i)-th usable core, wrapping)",
     ),
-    ("data_dir", Path, "directory of the daily CSV files and rejects/"),
+    ("data_dir", _named(Path), "directory of the daily CSV files and rejects/"),
     ("durability", _one_of(*DURABILITIES), "acknowledge after write(2) ('write') or after fsync ('fsync')"),
     ("max_body", _size, "largest request body, compressed and decompressed (bytes, or 64MiB)"),
     (

@@ -73,7 +73,7 @@ _KILL_GRACE_SECONDS = 2.0
 _RESTART_BUDGET = 5  # deaths in a row of one worker before its loop ever ran that stop the server
 _LOOP_SECONDS = 0.25  # the parent's loop wakes at least this often (signals wake it at once)
 _PAUSED_SECONDS = _LOOP_SECONDS + 0.25  # a longer gap between two turns of the loop: the parent did not run
-_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}  # SIGHUP: a terminal hung up
 
 
 class AddressInUse(OSError):
@@ -159,7 +159,11 @@ def serve(config: Config) -> int:
         if stale:
             log.error("cannot start: %s", stale)
             return 1
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            config.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file of that name, a read-only file system, no permission
+            log.error("cannot start: the data dir %s cannot be made: %s", config.data_dir, exc.strerror or exc)
+            return 1
         if not _data_dir_usable(config):
             return 1
         nofile = descriptors.raise_limit()
@@ -185,6 +189,9 @@ def serve(config: Config) -> int:
             sockets = bind_sockets(config, count)
         except AddressInUse as exc:
             log.error("cannot listen: %s", exc.strerror)
+            return 1
+        except OSError as exc:  # a name that does not resolve, an address not of this host
+            log.error("cannot listen on %s:%d: %s", config.address, config.port, exc.strerror or exc)
             return 1
         if config.token_source == "command line":
             log.warning(

@@ -53,7 +53,7 @@ log = logging.getLogger("tiny.worker")
 _PARENT_POLL_SECONDS = 0.5
 _STUCK = -1  # _serve's code when the sink thread hung in a flush
 _SYNC_WAIT = 2.0  # seconds a stopping worker waits for the aggregate store's write lock
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SIGHUP: a terminal hung up
 
 
 def run_worker(
