@@ -501,6 +501,11 @@ def _token(parser: argparse.ArgumentParser, args: argparse.Namespace, on_command
                 f"argument --token: the token given {where} is empty; to run without a token, "
                 "leave out --token and unset TINY_TOKEN"
             )
+    if not token.isascii():
+        parser.error(
+            f"argument {flag}: the token given {where} is not ASCII: clients send a header's bytes as they "
+            "please (UTF-8, Latin-1), so it would match for some and not others; use ASCII letters, digits, -._~+/="
+        )
     if any(char.isspace() or not char.isprintable() for char in token):
         parser.error(
             f"argument {flag}: the token given {where} holds whitespace or a control character, which "
