@@ -86,6 +86,17 @@ def test_sighup_drains_and_exits_zero_as_sigterm_does(tmp_path: Path) -> None:
     assert (tmp_path / "data" / "2014-05-04.csv").read_bytes().count(b"\n") == 21  # the header and 20 rows
 
 
+def test_a_path_of_900_kb_is_a_small_404_and_a_short_log_line(tmp_path: Path) -> None:
+    """The path was echoed whole in the 404 and logged twice: 1.7 MB of log a request."""
+    with Server(tmp_path / "data") as server:
+        before = len(server.log())
+        response = server.request("GET", "/" + "a" * 900_000)
+        assert response.status == 404 and len(response.body) < 1000, len(response.body)
+        assert "900,001 characters" in response.json()["error"]["message"]
+        assert wait_for(lambda: "404 GET /aaa" in server.log()[before:])
+        assert len(server.log()) - before < 2000, server.log()[before : before + 500]
+
+
 def test_kill9_of_the_parent_leaves_no_orphan_and_the_port_restarts(tmp_path: Path, figures: dict[str, Any]) -> None:
     """kill -9 of the parent while 4 clients post; then a new server on the same port."""
     server = Server(tmp_path / "data", processes=2).start()

@@ -13,7 +13,7 @@ from tiny.handlers.analytics import (
     WhaleDownloadsHandler,
     WhalesHandler,
 )
-from tiny.handlers.base import Deps
+from tiny.handlers.base import Deps, log_request
 from tiny.handlers.cran_api import (
     BadgeHandler,
     CheckHandler,
@@ -54,4 +54,5 @@ def make_app(deps: Deps) -> web.Application:
         ],
         default_handler_class=NotFoundHandler,
         default_handler_args=args,
+        log_function=log_request,
     )

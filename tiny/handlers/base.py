@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tornado import web
 from tornado.httputil import HTTPHeaders
+from tornado.log import access_log
 
 from tiny.config import Config
 from tiny.drain import Drain
@@ -219,11 +220,35 @@ class JSONHandler(web.RequestHandler):
                 "%d %s %s: %s",
                 value.status_code,
                 self.request.method,
-                self.request.uri,
-                getattr(value, "message", value.log_message),
+                clipped(self.request.uri or ""),
+                clipped(str(getattr(value, "message", value.log_message))),
             )
         else:
             super().log_exception(typ, value, tb)
 
     def on_finish(self) -> None:
         self.deps.metrics.observe_request(self.name, self.get_status(), self.request.request_time())
+
+
+_SHOWN = 200  # characters of a client's path shown in an answer or a log line
+
+
+def clipped(text: str) -> str:
+    """``text``, or its first characters and its length when longer: a client's 1 MB path is
+    no 1 MB answer, nor a 1 MB log line."""
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text):,} characters)"
+
+
+def log_request(handler: web.RequestHandler) -> None:
+    """Tornado's access line (the application's ``log_function``), the URI clipped."""
+    status = handler.get_status()
+    write = access_log.info if status < 400 else access_log.warning if status < 500 else access_log.error
+    request = handler.request
+    write(
+        "%d %s %s (%s) %.2fms",
+        status,
+        request.method,
+        clipped(request.uri or ""),
+        request.remote_ip,
+        1000.0 * request.request_time(),
+    )

@@ -8,7 +8,7 @@ import time
 import orjson
 
 from tiny import codec, metrics
-from tiny.handlers.base import APIError, JSONHandler
+from tiny.handlers.base import APIError, JSONHandler, clipped
 
 
 class HealthHandler(JSONHandler):
@@ -90,4 +90,4 @@ class NotFoundHandler(JSONHandler):
 
     def prepare(self) -> None:
         super().prepare()
-        raise APIError(404, f"no such endpoint: {self.request.path}")
+        raise APIError(404, f"no such endpoint: {clipped(self.request.path)}")
