@@ -91,7 +91,9 @@ def test_set_key_bounds_moves_every_server_to_the_new_ones_and_keeps_the_keys(tm
 
 
 def test_the_refusal_names_a_command_that_records_exactly_this_servers_window(tmp_path: Path) -> None:
-    _server_journal(tmp_path).open(keys=False)
+    first = _server_journal(tmp_path)  # a server that ran, and stopped
+    first.open(keys=False)
+    first.close()
     odd = _server_journal(tmp_path, "--idempotency-window", "1234567.5")
     with pytest.raises(Refused) as refused:
         odd.open(keys=False)
@@ -115,3 +117,15 @@ def test_a_damaged_record_of_the_bounds_is_refused_with_the_way_out(tmp_path: Pa
 def test_set_key_bounds_checks_its_numbers_as_the_server_does(tmp_path: Path) -> None:
     assert _admin("set-key-bounds", str(tmp_path), "nan", "1000").returncode == 2
     assert _admin("set-key-bounds", str(tmp_path), "60", "10").returncode == 2  # below one flush's keys
+
+
+def test_set_key_bounds_is_refused_while_a_server_runs_on_the_data_dir(tmp_path: Path) -> None:
+    """It said it was done, and the next worker to restart was refused (a partial outage):
+    with a server's processes holding the journal open, it changes nothing."""
+    data = tmp_path / "data"
+    with Server(data, processes=2) as server:
+        done = _admin("set-key-bounds", str(data), "3600", "1000")
+        assert done.returncode == 1 and "stop every server first" in done.stderr, done.stderr
+        assert all(str(pid) in done.stderr for pid in server.worker_pids())
+    done = _admin("set-key-bounds", str(data), "3600", "1000")  # stopped: now it is done
+    assert done.returncode == 0 and "were kept for 86400 s and at most 10,000,000 keys" in done.stdout, done.stderr

@@ -71,7 +71,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tiny import layout
+from tiny import layout, procfs
 from tiny.aggregate_errors import Unavailable
 from tiny.aggregates import Aggregates, aggregates_path
 from tiny.cluster.dsn import cluster_string
@@ -275,8 +275,15 @@ def set_key_bounds(data_dir: Path, window: float, max_keys: int, lock_timeout: f
     """Record that every server on ``data_dir`` keeps keys ``window`` seconds and at most
     ``max_keys`` (tiny.datadir ``pin_key_bounds``); returns what the journal held before
     ("none": no server has opened it since it was made). Stop every server on it first: a
-    running one goes on with its own bounds until it restarts, when it is refused."""
+    running one goes on with its own bounds until it restarts, when it is refused: Refused when
+    a process of this host holds the data dir's journal open (that this user can see)."""
     _existing(data_dir)
+    running = procfs.holders({layout.journal_path(data_dir), layout.lock_path(data_dir)})
+    if running:
+        raise Refused(
+            f"processes {', '.join(map(str, running))} hold the journal of {data_dir} open (servers running on it): "
+            "stop every server first; a worker of theirs that restarted would be refused. Nothing was changed"
+        )
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
     journal.open(keys=False)
     try:

@@ -1,6 +1,7 @@
 """Processes read from /proc, for the test harnesses that start servers (tiny.testing,
 tiny.testing_pg): a process's stat, children and command line, every live process, a bounded
-wait for pids to go, and signals that ignore processes already gone. Linux only."""
+wait for pids to go, and signals that ignore processes already gone; and for tiny-admin, the
+processes that hold a file open. Linux only."""
 
 from __future__ import annotations
 
@@ -60,6 +61,20 @@ def cmdline(pid: int) -> str:
             return cmdline.read().replace(b"\0", b" ").decode(errors="replace") + " "
     except OSError:
         return ""
+
+
+def holders(paths: set[Path]) -> list[int]:
+    """The pids of the live processes (but this one) that hold one of ``paths`` open, among
+    those whose descriptors this user may read (/proc/PID/fd)."""
+    wanted = {str(path.resolve()) for path in paths}
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to read
+            if any(os.readlink(fd.path) in wanted for fd in os.scandir(f"{entry.path}/fd")):
+                found.append(int(entry.name))
+    return sorted(found)
 
 
 def send_signal(pid: int, signum: int) -> None:
