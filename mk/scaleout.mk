@@ -8,7 +8,10 @@ TINY_CLUSTER_SIZE ?= 4
 
 .PHONY: cluster cluster-stop images-offline test-docker
 
-cluster: venv sysdeps ## nginx on 127.0.0.1:TINY_CLUSTER_PORT (8888) over TINY_CLUSTER_SIZE (4) instances on the ports after it, in the foreground
+cluster: venv codec ## nginx on 127.0.0.1:TINY_CLUSTER_PORT (8888) over TINY_CLUSTER_SIZE (4) instances on the ports after it, in the foreground
+	@command -v nginx >/dev/null && command -v supervisord >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends nginx supervisor >/dev/null; }
 	mkdir -p data var/log var/nginx
 	TINY_CLUSTER_PORT=$(TINY_CLUSTER_PORT) TINY_CLUSTER_SIZE=$(TINY_CLUSTER_SIZE) exec supervisord -n -c $(SUPERVISOR_CONF)
 
