@@ -92,6 +92,31 @@ def test_a_deleted_lock_file_stops_every_writer_instead_of_splitting_the_lock(tm
     assert_exactly_once(data, {batch: body_of(batch, days=DAYS) for batch in range(10)})
 
 
+def _restore_lock(data: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tiny.admin", "restore-lock", str(data)], cwd=ROOT, capture_output=True, text=True
+    )
+
+
+def test_a_lock_file_deleted_by_hand_is_written_again_by_restore_lock_keeping_every_key(tmp_path: Path) -> None:
+    """Deleting .tiny/lock (the "stale lock" reflex) was only ever undone by --new-journal,
+    which forgets every key: restore-lock writes it again, refused while a server runs."""
+    data = tmp_path / "data"
+    with Server(data) as server:
+        post_all(server, range(3))
+        layout.lock_path(data).unlink()
+        refused = _restore_lock(data)
+        assert refused.returncode == 1 and "stop every server first" in refused.stderr, refused.stderr
+    log = start_fails(data)
+    assert f"tiny-admin restore-lock {data}" in log
+    done = _restore_lock(data)
+    assert done.returncode == 0, done.stderr
+    assert _restore_lock(data).returncode == 1  # nothing to restore now
+    with Server(data) as server:
+        assert server.ingest(body_of(0, days=DAYS), key(0)).headers["idempotent-replayed"] == "true"
+    assert_exactly_once(data, {batch: body_of(batch, days=DAYS) for batch in range(3)})
+
+
 @pytest.mark.hardening("exactly once 12: a journal mode other than the one in use was refused only at request time")
 def test_a_journal_mode_other_than_the_one_in_use_is_refused_at_start(tmp_path: Path) -> None:
     data = tmp_path / "data"

@@ -57,12 +57,20 @@ found shorter than what was counted is counted again). A data dir that follows a
 refused: its files are the log's, byte for byte on every host, and are rebuilt, never forgotten
 (docs/scaling-out.md).
 
+``restore-lock`` writes the lock file (``.tiny/lock``) again after it was deleted or replaced by
+hand, which every start refuses: a server still running may hold the old one, and two writers
+would then append at once. Refused while a process of this host holds the journal, the lock or
+the intent file open, or holds the intent's lock (the fence), and unless the data dir's id
+(``.tiny-id``) and the journal's agree. Every key is kept (``--new-journal``, the other way,
+forgets them).
+
 Exit status: 0 done, 1 refused (the message says why), 2 bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 import shutil
@@ -80,6 +88,7 @@ from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
 from tiny.config import host_name, max_keys, seconds
 from tiny.files import fsync_dir, size_of
+from tiny.flushlock import HOLDER_AT, FlushLock
 from tiny.journal_meta import MODES, bounds_text, described, seconds_text, stored_mode
 from tiny.keylog import KEYS_DIR, records, segment_number
 from tiny.refusals import Found
@@ -414,6 +423,49 @@ def _carry_out(data_dir: Path, table: SizeTable, name: str, size: int, committed
     return f"accepted {path} at {size} bytes: the {committed - size} bytes cut from its end are forgotten"
 
 
+def restore_lock(data_dir: Path) -> str:
+    """Write the data dir's lock file again (see the module docstring); returns the data dir's id."""
+    _existing(data_dir, journal=True)
+    state = {layout.journal_path(data_dir), layout.lock_path(data_dir), layout.intent_path(data_dir)}
+    running = procfs.holders(state)
+    if running:
+        raise Refused(
+            f"processes {', '.join(map(str, running))} hold the journal of {data_dir} open (servers running on it): "
+            "stop every server first. Nothing was changed"
+        )
+    identity = layout.identity_path(data_dir).read_text().strip()
+    db = sqlite3.connect(f"file:{layout.journal_path(data_dir)}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT value FROM meta WHERE name = 'data_dir_id'").fetchone()
+    finally:
+        db.close()
+    if row is None or bytes(row[0]).decode() != identity:
+        raise Refused(f"the journal of {data_dir} is not this data dir's ({identity}): nothing was changed")
+    lock = FlushLock(data_dir, 0.0)
+    if lock.path.exists():
+        lock.open()
+        try:
+            if lock.data_dir_id() == identity:
+                raise Refused(f"the lock file {lock.path} is the data dir's: there is nothing to restore")
+        finally:
+            lock.close()
+    fence = os.open(layout.intent_path(data_dir), os.O_RDWR | os.O_CLOEXEC)
+    try:
+        try:  # a writer paused mid-flush still holds it, whatever happened to the lock file
+            fcntl.flock(fence, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Refused(f"a process holds {layout.intent_path(data_dir)}'s lock: a flush may be under way") from None
+        aside = lock.path.with_name(f"{lock.path.name}.new-{os.getpid()}")
+        aside.write_bytes(identity.encode().ljust(HOLDER_AT - 1) + b"\n")
+        with open(aside, "rb+") as written:
+            os.fsync(written.fileno())
+        aside.replace(lock.path)
+        fsync_dir(lock.path.parent)
+    finally:
+        os.close(fence)  # (its flock with it)
+    return identity
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
     parser = argparse.ArgumentParser(prog="tiny-admin", description="Operator commands on a Tiny Data Server data dir.")
@@ -451,6 +503,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     gone.add_argument("files", nargs="+", help="day or rejects files, relative to DATA_DIR or paths inside it")
     gone.add_argument("--remove", action="store_true", help="remove the files that are there, too")
     gone.add_argument("--lock-timeout", type=seconds, default=30.0, help="seconds to wait for the flush lock (30)")
+    relock = commands.add_parser(
+        "restore-lock", help="write the lock file again after it was deleted by hand (stop every server first)"
+    )
+    relock.add_argument("data_dir", type=Path)
     args = parser.parse_args(argv)
     try:
         if args.command == "backup":
@@ -465,6 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         elif args.command == "forget":
             print("\n".join(forget(args.data_dir, args.files, args.remove, args.lock_timeout)))
+        elif args.command == "restore-lock":
+            print(f"wrote the lock file of data dir {restore_lock(args.data_dir)} in {layout.lock_path(args.data_dir)}")
         elif args.command == "rebuild-aggregates":
             rows = rebuild_aggregates(args.data_dir, args.lock_timeout)
             print(f"counted {rows:,} rows of {args.data_dir} into {aggregates_path(args.data_dir)}")

@@ -184,7 +184,8 @@ class _Opening:
         if lock_id != found_id:
             raise Found(
                 f"the lock file {self.lock.path} was deleted or replaced (it holds {lock_id or 'no id'}, the data "
-                f"dir is {found_id}): a server still running may hold the old one"
+                f"dir is {found_id}): a server still running may hold the old one. Once no server runs on "
+                f"{self.data_dir}, `tiny-admin restore-lock {self.data_dir}` writes it again, keeping every key"
             )
         try:
             self.intent.open()
