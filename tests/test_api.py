@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import SAMPLE_DAY, Response, Server, record, sample_csv
+from tests.support import SAMPLE_DAY, Response, Server, record, sample_csv, wait_for
 from tiny.analytics import cpu
 from tiny.analytics.names import whale_name
 from tiny.analytics.service import Analytics, Busy
@@ -495,6 +495,26 @@ def test_worker_stops_its_pool_on_shutdown(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert not Path(f"/proc/{pool}").exists()
     assert "leaked semaphore" not in running.log()  # the pool's queues were released before the exit
+
+
+def test_a_stop_of_the_whole_process_group_leaves_the_pool_to_its_worker(tmp_path: Path) -> None:
+    """supervisord's stopasgroup (and a terminal's hangup) signals every process of the group,
+    the analytics pool's too: it is the worker's to end, never "died; starting a new one"."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / f"{DAY}.csv").write_bytes(sample_csv())
+    with Server(tmp_path / "data") as running:
+        assert ok(running, f"/api/days/{DAY}/whales")
+        (pool,) = _pool_processes(running)
+        (tmp_path / "data" / "2014-04-01.csv").write_bytes(sample_csv())  # never counted: its fold takes seconds
+        busy = threading.Thread(target=_get_quietly, args=(running, "/api/days/2014-04-01/summary"))
+        busy.start()
+        time.sleep(0.3)
+        assert running.proc is not None
+        os.killpg(running.proc.pid, signal.SIGTERM)
+        assert running.proc.wait(15) == 0
+        busy.join(30)
+        assert wait_for(lambda: not Path(f"/proc/{pool}").exists(), 5)
+    assert "died; starting a new one" not in running.log(), running.log()[-2000:]
 
 
 def test_days_counts_many_new_files_in_one_job(tmp_path: Path) -> None:

@@ -32,7 +32,10 @@ def pool_init(parent: int, cache_bytes: int, cpus: frozenset[int] | None = None)
     from it), which ends only with the worker. A worker already gone before the request was
     made is seen by the parent check after it. Elsewhere, a thread polls for the parent
     (a stopped process then goes once it is continued)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the worker decides
+    # Ctrl-C, a terminal's hangup and a supervisor's stop of the group (stopasgroup) reach this
+    # process too: its worker decides (it drains, then ends its pool; or PDEATHSIG ends it).
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     affinity.unpin(cpus)
     caches.set_process_budget(cache_bytes)
     if _kill_me_with_my_parent():
