@@ -285,8 +285,8 @@ def test_every_flag_is_in_the_readmes_table() -> None:
 
 MiB, TiB = 1024**2, 1024**4
 _SIZE = (
-    {"1": 1, "64MiB": 64 * MiB, " 512 k ": 512 * 1024, "2G": 2 * 1024**3, "1024g": TiB},
-    ["0", "0k", "1025g", "1.5M", "1e3", "64 MiB B", "1T"],
+    {"1": 1, "64MiB": 64 * MiB, " 512 k ": 512 * 1024, "2G": 2 * 1024**3, "1024g": TiB, "1T": TiB},
+    ["0", "0k", "1025g", "1.5M", "1e3", "64 MiB B", "2T", "1P"],
 )
 _SECONDS = (
     {"0.001": 0.001, "2.5": 2.5, ".5": 0.5, "5.": 5.0, "1e3": 1000.0, " 60 ": 60.0, "1000000000": 1e9},
@@ -468,3 +468,9 @@ def test_an_empty_data_dir_or_address_stops_at_start_up(
     with pytest.raises(SystemExit):
         config.parse(argv, environ)
     assert "must not be empty" in capsys.readouterr().err
+
+
+def test_sizes_take_t_and_read_every_unit_as_binary() -> None:
+    """--max-body 1TiB, the bound its own message named, was refused; 64MB is 64 MiB, as README says."""
+    assert config.parse(["--max-body", "1TiB"], {}).max_body == 1024**4
+    assert config.parse(["--max-body", "64MB"], {}).max_body == 64 * 1024**2

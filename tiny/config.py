@@ -24,8 +24,8 @@ ROLES = ("ingest", "read")
 # comparison check unnoticed.
 _WHOLE = re.compile(r"\s*([0-9]+)\s*", re.ASCII)
 _DECIMAL = re.compile(r"\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*", re.ASCII)
-_SIZE = re.compile(r"\s*([0-9]+)\s*([kmg]i?b?|b)?\s*", re.ASCII | re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+_SIZE = re.compile(r"\s*([0-9]+)\s*([kmgt]i?b?|b)?\s*", re.ASCII | re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}  # binary units, "MB" too
 _MAX_DIGITS = 30  # digits read at most: int() of thousands of digits costs time, and no bound here needs more
 _MAX_COUNT = 10**9  # the largest count any flag takes: beyond it a value can only be a mistake
 _MAX_SIZE = 1024**4  # 1 TiB: more than any body, backlog or cache can be in memory
@@ -155,7 +155,7 @@ def _size(text: str) -> int:
     except ValueError:
         value = 0
     if not 1 <= value <= _MAX_SIZE:
-        raise argparse.ArgumentTypeError("must be a size from 1 to 1TiB (bytes, or with k/M/G: 64MiB)")
+        raise argparse.ArgumentTypeError("must be a size from 1 to 1TiB (bytes, or with k/M/G/T: 64MiB)")
     return value
 
 
