@@ -772,7 +772,8 @@ def test_a_pool_process_is_confined_before_its_interpreter_has_started() -> None
     try:
         ticks = []
         for _ in range(3):
-            process = cpu.ConfinedContext(group, "answers", "idle").Process(target=os.getpid)
+            # Alive while it is read: an exited task of cgroup v1 reads as the root group.
+            process = cpu.ConfinedContext(group, "answers", "idle").Process(target=time.sleep, args=(0.5,))
             process.start()
             assert process.pid is not None
             stat = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
