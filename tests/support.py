@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import itertools
 import json
@@ -306,6 +307,19 @@ def once_counted(server: Any, path: str, seconds: float = 180.0) -> Response:
 
 
 needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace is installed by make sysdeps")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's syntax: 256k, 4m) at ``path`` (made), unmounted after:
+    a small disk that fills. (``mount -o remount,size=...`` grows it.)"""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tinytest", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def traced(trace: Path, script: str, *args: str, calls: str = "pwrite64,fsync,fdatasync,unlink,unlinkat") -> list[str]:

@@ -475,45 +475,36 @@ def _get_quietly(server: Server, path: str) -> None:
         get(server, path)
 
 
-def test_worker_stops_its_pool_on_shutdown(tmp_path: Path) -> None:
-    """SIGTERM: the worker drains, stops its analytics process (even a busy one) and exits 0 promptly."""
+def _busy_pool(running: Server, data: Path) -> threading.Thread:
+    """A query whose job keeps the pool busy for seconds (a day never counted), under way."""
+    (data / "2014-04-01.csv").write_bytes(sample_csv())
+    busy = threading.Thread(target=_get_quietly, args=(running, "/api/days/2014-04-01/summary"))
+    busy.start()
+    time.sleep(0.3)
+    return busy
+
+
+@pytest.mark.parametrize("whom", ["parent", "group"])
+def test_worker_stops_its_pool_on_shutdown(tmp_path: Path, whom: str) -> None:
+    """SIGTERM: the worker drains, stops its analytics process (even a busy one) and exits 0
+    promptly. Sent to the whole process group (supervisord's stopasgroup, a terminal's hangup),
+    it reaches the pool too, which leaves its end to the worker: never "died; starting a new one"."""
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / f"{DAY}.csv").write_bytes(sample_csv())
     with Server(tmp_path / "data") as running:
         assert ok(running, f"/api/days/{DAY}/whales")
         (pool,) = _pool_processes(running)
-        (tmp_path / "data" / "2014-04-01.csv").write_bytes(sample_csv())  # never counted: its fold takes seconds
-        busy = threading.Thread(target=_get_quietly, args=(running, "/api/days/2014-04-01/summary"))
-        busy.start()
-        time.sleep(0.1)
+        busy = _busy_pool(running, tmp_path / "data")
         started = time.monotonic()
-        assert running.stop() == 0
+        assert running.proc is not None
+        if whom == "group":
+            os.killpg(running.proc.pid, signal.SIGTERM)
+        assert (running.proc.wait(15) if whom == "group" else running.stop()) == 0
         assert time.monotonic() - started < 5
         busy.join(30)
-        deadline = time.monotonic() + 5  # not killed by the test's clean-up: gone by itself
-        while Path(f"/proc/{pool}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not Path(f"/proc/{pool}").exists()
-    assert "leaked semaphore" not in running.log()  # the pool's queues were released before the exit
-
-
-def test_a_stop_of_the_whole_process_group_leaves_the_pool_to_its_worker(tmp_path: Path) -> None:
-    """supervisord's stopasgroup (and a terminal's hangup) signals every process of the group,
-    the analytics pool's too: it is the worker's to end, never "died; starting a new one"."""
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / f"{DAY}.csv").write_bytes(sample_csv())
-    with Server(tmp_path / "data") as running:
-        assert ok(running, f"/api/days/{DAY}/whales")
-        (pool,) = _pool_processes(running)
-        (tmp_path / "data" / "2014-04-01.csv").write_bytes(sample_csv())  # never counted: its fold takes seconds
-        busy = threading.Thread(target=_get_quietly, args=(running, "/api/days/2014-04-01/summary"))
-        busy.start()
-        time.sleep(0.3)
-        assert running.proc is not None
-        os.killpg(running.proc.pid, signal.SIGTERM)
-        assert running.proc.wait(15) == 0
-        busy.join(30)
+        # not killed by the test's clean-up: gone by itself
         assert wait_for(lambda: not Path(f"/proc/{pool}").exists(), 5)
+    assert "leaked semaphore" not in running.log()  # the pool's queues were released before the exit
     assert "died; starting a new one" not in running.log(), running.log()[-2000:]
 
 

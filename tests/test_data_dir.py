@@ -22,6 +22,8 @@ from tests.support import (
     body_of,
     key,
     lock_is_held,
+    needs_root,
+    tmpfs,
     wait_for,
 )
 from tiny import layout
@@ -432,17 +434,15 @@ def test_tiny_admin_on_a_mistyped_data_dir_is_refused_and_makes_nothing(tmp_path
     assert list((tmp_path / "plain").iterdir()) == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@needs_root
 def test_a_backup_the_disk_refuses_leaves_no_destination_a_server_would_take(tmp_path: Path) -> None:
     """Onto a 256 KB file system a 1 MB data dir does not fit: exit 1 saying so, and neither
     DEST (its day file cut mid-row, which a server would start on) nor anything aside is left."""
-    data, small = tmp_path / "data", tmp_path / "small"
+    data = tmp_path / "data"
     with Server(data) as server:
         for batch in range(6):
             assert server.ingest(body_of(batch, size=1000)).status == 200
-    small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tinytest", str(small)], check=True)
-    try:
+    with tmpfs(tmp_path / "small", "256k") as small:
         done = subprocess.run(
             [sys.executable, "-m", "tiny.admin", "backup", str(data), str(small / "copy")],
             cwd=ROOT,
@@ -453,8 +453,6 @@ def test_a_backup_the_disk_refuses_leaves_no_destination_a_server_would_take(tmp
         assert done.returncode == 1 and "nothing of it was left" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
         assert list(small.iterdir()) == []
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
 
 
 def test_a_journal_made_over_day_files_already_there_is_said_loudly(tmp_path: Path) -> None:

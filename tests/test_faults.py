@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from tests.conftest import SCALE
-from tests.support import Load, Server, alive, body_of, record, wait_for
+from tests.support import Load, Server, alive, body_of, needs_root, record, tmpfs, wait_for
 
 pytestmark = pytest.mark.reliability  # `make reliability` runs these longer
 
@@ -172,54 +172,42 @@ def test_file_size_limit_gets_503_keeps_lines_whole_and_recovers(tmp_path: Path,
     assert statuses.get("503", 0) > 0 and statuses.get("200", 0) > 0
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@needs_root
 def test_full_tmpfs_gets_503_and_accepts_again_when_space_is_back(tmp_path: Path, figures: dict[str, Any]) -> None:
     """DATA_DIR on a 256 KB tmpfs: ENOSPC, then the tmpfs is grown."""
-    data = tmp_path / "data"
-    data.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tinytest", str(data)], check=True)
-    try:
-        with Server(data) as server:
-            load = Load(server.port, "2014-05-04", size=100)
-            statuses = _post_until_refused(server, load, 40)
-            day = data / "2014-05-04.csv"
-            counts = load.check_day_file(day.parent)
-            subprocess.run(["mount", "-o", "remount,size=4m", str(data)], check=True)
-            assert server.ingest(b"\n".join(load.batch(1, 0))).status == 200
-            load.note(load.batch(1, 0), 200)
-            counts = load.check_day_file(day.parent)
-    finally:
-        subprocess.run(["umount", "-l", str(data)], check=False)
+    with tmpfs(tmp_path / "data", "256k") as data, Server(data) as server:
+        load = Load(server.port, "2014-05-04", size=100)
+        statuses = _post_until_refused(server, load, 40)
+        day = data / "2014-05-04.csv"
+        counts = load.check_day_file(day.parent)
+        subprocess.run(["mount", "-o", "remount,size=4m", str(data)], check=True)
+        assert server.ingest(b"\n".join(load.batch(1, 0))).status == 200
+        load.note(load.batch(1, 0), 200)
+        counts = load.check_day_file(day.parent)
     figures.update(
         case="disk full (tmpfs 256 KB, 100-record batches)", statuses=statuses, accepted_after_space_back=True, **counts
     )
     assert statuses.get("503", 0) > 0
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@needs_root
 def test_a_full_disk_keeps_healthz_failing_until_space_is_back_then_clears_without_a_write(tmp_path: Path) -> None:
     """/healthz probes the write path once a second; a probe writes nothing, so after the disk
     refused a flush it also asks for room for that flush's bytes: it fails while the disk is
     full (never "ok" to a balancer while every write gets 503) and clears once there is room."""
-    data = tmp_path / "data"
-    data.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tinytest", str(data)], check=True)
-    try:
-        with Server(data) as server:
-            load = Load(server.port, "2014-05-04", size=100)
-            assert _post_until_refused(server, load, 40).get("503", 0) > 0  # precondition: the disk is full
-            answers = []
-            deadline = time.monotonic() + 3.5  # three probes and more
-            while time.monotonic() < deadline:
-                answers.append(server.request("GET", "/healthz"))
-                time.sleep(0.25)
-            assert [a.status for a in answers] == [503] * len(answers), [a.body for a in answers if a.status != 503]
-            assert "bytes free" in answers[-1].json()["reason"], answers[-1].body
-            subprocess.run(["mount", "-o", "remount,size=4m", str(data)], check=True)
-            assert wait_for(lambda: server.request("GET", "/healthz").status == 200, timeout=5.0)
-            assert server.ingest(b"\n".join(load.batch(1, 0))).status == 200
-    finally:
-        subprocess.run(["umount", "-l", str(data)], check=False)
+    with tmpfs(tmp_path / "data", "256k") as data, Server(data) as server:
+        load = Load(server.port, "2014-05-04", size=100)
+        assert _post_until_refused(server, load, 40).get("503", 0) > 0  # precondition: the disk is full
+        answers = []
+        deadline = time.monotonic() + 3.5  # three probes and more
+        while time.monotonic() < deadline:
+            answers.append(server.request("GET", "/healthz"))
+            time.sleep(0.25)
+        assert [a.status for a in answers] == [503] * len(answers), [a.body for a in answers if a.status != 503]
+        assert "bytes free" in answers[-1].json()["reason"], answers[-1].body
+        subprocess.run(["mount", "-o", "remount,size=4m", str(data)], check=True)
+        assert wait_for(lambda: server.request("GET", "/healthz").status == 200, timeout=5.0)
+        assert server.ingest(b"\n".join(load.batch(1, 0))).status == 200
 
 
 def _slow_client(port: int, payload: bytes, pause: float, until: float) -> tuple[bool, float]:
