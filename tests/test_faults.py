@@ -97,6 +97,17 @@ def test_a_path_of_900_kb_is_a_small_404_and_a_short_log_line(tmp_path: Path) ->
         assert len(server.log()) - before < 2000, server.log()[before : before + 500]
 
 
+def test_a_write_the_disk_refuses_for_one_file_names_that_file(tmp_path: Path) -> None:
+    """ "the disk refused the write: Permission denied" left the operator to guess which file."""
+    day = tmp_path / "data" / "2014-05-04.csv"
+    day.mkdir(parents=True)  # refused as root too (EISDIR), as a file of mode 000 is for others
+    with Server(tmp_path / "data") as server:
+        response = server.ingest(body_of(1))
+        assert response.status == 503, response.body
+        assert f"Is a directory ({day})" in response.json()["error"]["message"]
+        assert f"Is a directory ({day})" in server.request("GET", "/healthz").json()["reason"]
+
+
 def test_kill9_of_the_parent_leaves_no_orphan_and_the_port_restarts(tmp_path: Path, figures: dict[str, Any]) -> None:
     """kill -9 of the parent while 4 clients post; then a new server on the same port."""
     server = Server(tmp_path / "data", processes=2).start()

@@ -251,7 +251,7 @@ class _Opening:
         fsync_dir(layout.state_dir(self.data_dir))
         os.replace(_pending(identity_path), identity_path)
         fsync_dir(self.data_dir)
-        found = sum(1 for entry in os.scandir(self.data_dir) if layout.day_of(entry.name))
+        found = sum(1 for entry in os.scandir(self.data_dir) if layout.day_of(entry.name) and entry.is_file())
         if found:  # files served before, or put here to be served: said loudly either way
             log.warning(
                 "created a journal for the %d day files already in %s: no key of a batch before it is known, so "

@@ -64,6 +64,14 @@ log = logging.getLogger("tiny.commit.local")
 _WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for (or another's holding of) the lock before it is reported
 
 
+def _described(exc: OSError | sqlite3.Error) -> str:
+    """What the disk said, and of which file when it says (a permission or size limit is the
+    file's: the operator must know which)."""
+    reason = getattr(exc, "strerror", None) or str(exc)
+    filename = getattr(exc, "filename", None)
+    return f"{reason} ({filename})" if filename else reason
+
+
 class LocalCommit:
     """The journal of ``data_dir``; see the module docstring. ``headers`` maps a file suffix to
     the bytes that open every new file with that suffix; ``crash_at``: tiny.crashpoints;
@@ -256,7 +264,7 @@ class LocalCommit:
                 self.keys.check_file()
                 return self._commit_locked(appends)
         except (OSError, sqlite3.Error) as exc:
-            raise WriteFailed(f"the disk refused the write: {getattr(exc, 'strerror', None) or exc}") from exc
+            raise WriteFailed(f"the disk refused the write: {_described(exc)}") from exc
 
     def _commit_locked(self, appends: Sequence[Append]) -> Receipt:
         self.intent.recover(self.keys.is_stored)
