@@ -666,7 +666,11 @@ def test_days_are_listed_page_by_page_off_the_event_loop(tmp_path: Path, figures
     assert pages == 15 and len(seen) == 15_000
     assert [d["date"] for d in seen] == sorted(d["date"] for d in seen)
     assert [d["rows"] for d in seen] == [n % 3 for n in range(15_000)]
-    assert max(latencies) < 0.3, f"/healthz waited {max(latencies):.2f} s behind /api/days"
+    # A listing on the event loop would hold most /healthz answers behind the pages; one answer
+    # slow on a machine busy with other tests (0.30 s seen, once) is the machine, not the loop.
+    slow = [round(latency, 2) for latency in latencies if latency >= 0.3]
+    assert len(latencies) >= 20 and len(slow) <= 1, f"/healthz waited behind /api/days: {slow}"
+    assert sorted(latencies)[len(latencies) * 9 // 10] < 0.1, sorted(latencies)[-10:]
 
 
 def test_a_query_reading_a_second_days_rows_at_once_is_503_saying_so(tmp_path: Path, truth: Truth) -> None:
