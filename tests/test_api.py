@@ -975,7 +975,10 @@ def test_a_day_still_being_counted_is_a_503_whose_body_says_what_is_left(tmp_pat
     with InProcessServer(data, "--public-downloads") as running:
         running.deps.live.fold_seconds = 0.0
         for path in (f"/api/days/{DAY}/summary", f"/downloads/total/{DAY}"):
-            response = get(running, path)
+            for _ in range(10):  # a pool still starting on a busy machine answers "busy" first (seen once)
+                response = get(running, path)
+                if b"has not answered" not in response.body:
+                    break
             assert response.status == 503 and response.headers["retry-after"] == "5", response.body
             body = response.json()["error"]
             assert set(body) == {"status", "message", "counting"} and body["status"] == 503
