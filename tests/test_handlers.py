@@ -450,8 +450,11 @@ def test_chunk_extensions_and_trailers_are_accepted(server: InProcessServer, chu
     ],
 )
 def test_malformed_chunked_bodies_are_still_refused(server: InProcessServer, chunked: bytes) -> None:
+    before = _rows(server)
     head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-    assert raw_exchange(server.port, head + chunked).startswith(b"HTTP/1.1 400 ")
+    status, message, _ = _json_error(raw_exchange(server.port, head + chunked))  # JSON: once a bare 400
+    assert status == 400 and message.startswith("the chunked body: ")
+    assert _rows(server) == before
 
 
 @pytest.mark.hardening("ingest 7: valid chunk extensions and trailers got a bare 400")
@@ -575,7 +578,7 @@ def test_a_refused_host_gets_one_answer_whatever_framing_follows(server: InProce
     assert b"the Host header is missing" in answer
 
 
-@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("way", ["fast", "general"])  # HTTP/1.0 has no chunked body (below)
 def test_an_http10_request_without_a_host_is_taken_on_every_way(
     server: InProcessServer, general: InProcessServer, way: str
 ) -> None:
@@ -585,6 +588,17 @@ def test_an_http10_request_without_a_host_is_taken_on_every_way(
     assert answer.startswith(b"HTTP/1.1 200 "), answer
     assert _rows(target) == max(before, 1) + 1
     assert _took(target, heads) == {"fast" if way == "fast" else "tornado": 1}
+
+
+@pytest.mark.hardening("hostile client: HTTP/1.0 with a chunked body was written")
+def test_an_http10_request_with_a_transfer_encoding_gets_a_json_400_and_writes_nothing(server: InProcessServer) -> None:
+    """RFC 9112, 6.1: its framing is faulty (an HTTP/1.0 proxy between would read it otherwise)."""
+    before = _rows(server)
+    answer = _until_closed(server.port, _request("chunked", b"Host: x\r\n", line(ip_id=23), b"1.0"))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"\r\nConnection: close" in head, answer
+    assert "HTTP/1.0 has no Transfer-Encoding" in orjson.loads(body)["error"]["message"]
+    assert _rows(server) == before
 
 
 def test_a_host_that_tornado_refuses_gets_a_json_400_on_every_path(server: InProcessServer) -> None:
@@ -616,3 +630,154 @@ def test_the_header_limit_counts_field_lines_on_every_way(
         assert b'{"error":{"status":431,' in answer and _rows(target) == before
     else:
         assert _rows(target) == max(before, 1) + 1
+
+
+def _half_closed(port: int, data: bytes) -> bytes:
+    """What the server answers to ``data`` sent on a connection whose sending side is then shut
+    (``shutdown(SHUT_WR)``: the client has nothing more to say, and waits to read)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+
+
+_HALF_CLOSED = {  # the requests Tornado's parser reads (tiny_ingest_heads_total says so below)
+    "chunked": lambda body: _request("chunked", b"Host: x\r\n", body),
+    "a query string": lambda body: (
+        b"POST /ingest?source=a HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    ),
+    "100-continue": lambda body: (
+        b"POST /ingest HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    ),
+}
+
+
+@pytest.mark.hardening("hostile client: a half-closed client on Tornado's way had its rows written, never answered")
+@pytest.mark.parametrize("request_of", _HALF_CLOSED.values(), ids=_HALF_CLOSED.keys())
+def test_a_client_that_half_closes_after_its_request_gets_its_answer_on_tornados_way(
+    server: InProcessServer, request_of: Any
+) -> None:
+    before, heads = _rows(server), _heads(server)
+    answer = _half_closed(server.port, request_of(line(ip_id=31) * 3))
+    assert answer.count(b"HTTP/1.1 200 ") == 1 and b'"valid":3' in answer, answer
+    assert _rows(server) == max(before, 1) + 3
+    assert _took(server, heads) == {"tornado": 1}
+
+
+@pytest.mark.hardening("hostile client: a half-closed client on Tornado's way had its rows written, never answered")
+def test_a_client_that_half_closes_gets_its_answer_when_tornado_reads_every_head(general: InProcessServer) -> None:
+    before = _rows(general)
+    body = line(ip_id=32) * 2
+    answer = _half_closed(general.port, _request("general", b"Host: x\r\n", body))
+    assert answer.count(b"HTTP/1.1 200 ") == 1 and b'"valid":2' in answer, answer
+    assert _rows(general) == max(before, 1) + 2
+
+
+def _json_error(answer: bytes) -> tuple[int, str, bytes]:
+    """The status, message and head of an answer that must be one JSON error."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert answer.count(b"HTTP/1.1 ") == 1 and b"\r\nContent-Type: application/json" in head, answer
+    error = orjson.loads(body)["error"]
+    assert int(head[9:12]) == error["status"]
+    return error["status"], error["message"], head
+
+
+@pytest.mark.hardening("hostile client: a chunk size past the limit waited for its bytes; a bare 400 otherwise")
+def test_a_chunk_past_the_body_limit_gets_a_json_413_at_its_size_line(server: InProcessServer) -> None:
+    before = _rows(server)
+    head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    # Not one byte of the chunk is sent: the answer comes from its size line alone.
+    status, message, answer_head = _json_error(_until_closed(server.port, head + b"%x\r\n" % (LIMIT + 1)))
+    assert status == 413 and f"limit of {LIMIT} bytes" in message
+    assert b"\r\nConnection: close" in answer_head
+    status, _, _ = _json_error(_until_closed(server.port, head + b"FFFFFFFFFFFFFFFF\r\n"))
+    assert status == 413
+    assert _rows(server) == before
+
+
+def test_chunks_that_add_up_past_the_body_limit_get_a_json_413_and_write_nothing(server: InProcessServer) -> None:
+    before = _rows(server)
+    data = line(ip_id=33) * (LIMIT // len(line(ip_id=33)))  # within the limit alone; past it twice
+    head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    # The second chunk's size line ends it: its bytes would only be reset, unread.
+    status, _, _ = _json_error(_until_closed(server.port, head + b"%x\r\n%s\r\n%x\r\n" % (len(data), data, len(data))))
+    assert status == 413
+    assert _rows(server) == before
+
+
+@pytest.mark.hardening("hostile client: a POST without a length was answered 200 with 0 records")
+@pytest.mark.parametrize("way", ["tornado", "general"])
+def test_a_post_with_neither_a_length_nor_chunked_gets_a_json_411(
+    server: InProcessServer, general: InProcessServer, way: str
+) -> None:
+    target = general if way == "general" else server
+    before = _rows(target)
+    status, message, _ = _json_error(_until_closed(target.port, b"POST /ingest HTTP/1.1\r\nHost: x\r\n\r\n"))
+    assert (status, message) == (411, "a POST to /ingest needs a Content-Length or a chunked body")
+    assert _rows(target) == before
+
+
+@pytest.mark.hardening("hostile client: a body past 64 KiB to another endpoint got a bare 400")
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_a_body_past_its_limit_on_another_endpoint_gets_a_json_413(server: InProcessServer, framing: str) -> None:
+    from tiny.limits import MAX_OTHER_BODY
+
+    body = b"x" * (MAX_OTHER_BODY + 1)
+    if framing == "length":
+        request = b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+    else:
+        request = b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" % len(body)
+    status, message, _ = _json_error(_until_closed(server.port, request))  # the body is never sent
+    assert status == 413 and f"limit of {MAX_OTHER_BODY} bytes" in message
+
+
+@pytest.mark.parametrize("framing", [b"Content-Length: 5, 6", b"Content-Length: ten", b"Transfer-Encoding: gzip"])
+def test_a_framing_tornado_refuses_gets_a_json_400_on_another_endpoint(server: InProcessServer, framing: bytes) -> None:
+    request = b"POST /healthz HTTP/1.1\r\nHost: x\r\n%s\r\n\r\n12345" % framing
+    assert _json_error(_until_closed(server.port, request))[0] == 400
+
+
+@pytest.mark.hardening("hostile client: Expect: 100-Continue in another case got no 100")
+@pytest.mark.parametrize("expect", [b"100-Continue", b"100-CONTINUE", b"100-continue"])
+def test_expect_100_continue_in_any_case_gets_100_continue_before_the_body_is_sent(
+    server: InProcessServer, expect: bytes
+) -> None:
+    body = line(ip_id=34)
+    head = b"POST /ingest HTTP/1.1\r\nHost: x\r\nExpect: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (
+        expect,
+        len(body),
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 ")  # before any body byte is sent
+        sock.sendall(body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"valid":1' in answer, answer
+
+
+def test_an_expectation_other_than_100_continue_gets_a_json_417_and_writes_nothing(server: InProcessServer) -> None:
+    before = _rows(server)
+    body = line(ip_id=35)
+    request = b"POST /ingest HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    status, message, _ = _json_error(_until_closed(server.port, request))
+    assert status == 417 and "200-ok" in message
+    assert _rows(server) == before
+
+
+@pytest.mark.hardening("hostile client: a request-target in absolute form got 404")
+def test_a_request_target_in_absolute_form_is_served_as_its_path(server: InProcessServer) -> None:
+    """RFC 9112, 3.2.2: a server must accept it, though clients send it only to proxies."""
+    request = b"GET http://x/healthz?probe=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    answer = _until_closed(server.port, request)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"status":"ok"' in answer, answer
+    before = _rows(server)
+    body = line(ip_id=36)
+    request = b"POST http://x:80/ingest HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+    answer = _until_closed(server.port, request % (len(body), body))
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"valid":1' in answer, answer
+    assert _rows(server) == max(before, 1) + 1

@@ -34,7 +34,7 @@ def test_a_key_sent_twice_is_refused_even_when_both_are_the_same() -> None:
     assert status(lambda: idempotency_key(["a", "a"])) == 400
 
 
-def test_the_head_is_checked_in_order_method_token_key_encoding_type_length() -> None:
+def test_the_head_is_checked_in_order_method_token_key_encoding_type_length_framing() -> None:
     rules = IngestRules(max_body=100, token="t")
     bad = HTTPHeaders({"Idempotency-Key": "a b", "Content-Encoding": "br", "Content-Length": "1000"})
     assert status(lambda: rules.head("GET", bad)) == 405
@@ -50,6 +50,8 @@ def test_the_head_is_checked_in_order_method_token_key_encoding_type_length() ->
     assert status(lambda: rules.head("POST", bad)) == 413
     bad["Content-Length"] = "ten"
     assert status(lambda: rules.head("POST", bad)) == 400
+    del bad["Content-Length"]
+    assert status(lambda: rules.head("POST", bad)) == 411
     bad["Content-Length"] = "100"
     assert rules.head("POST", bad) == Head(key=None, gzip=True)
 
@@ -84,8 +86,8 @@ def test_a_transfer_encoding_is_chunked_alone_or_absent(framing: dict[str, str])
 
 def test_the_proxy_key_counts_only_without_the_clients_own() -> None:
     rules = IngestRules(max_body=100, token=None)
-    assert rules.head("POST", HTTPHeaders({PROXY_KEY_HEADER: "p"})).key == "p"
-    both = HTTPHeaders({PROXY_KEY_HEADER: "p", "Idempotency-Key": "c"})
+    assert rules.head("POST", HTTPHeaders({PROXY_KEY_HEADER: "p", "Content-Length": "5"})).key == "p"
+    both = HTTPHeaders({PROXY_KEY_HEADER: "p", "Idempotency-Key": "c", "Content-Length": "5"})
     assert rules.head("POST", both).key == "c"
 
 

@@ -4,7 +4,9 @@ Tornado 6.6's ``HTTP1Connection._read_chunked_body`` answers a bare 400 to a chu
 that carries an extension (``1a;name=value``) and to trailer fields after the last chunk; both
 are valid HTTP/1.1. :func:`read_chunked_body` is Tornado's reader with those two changes
 (marked "RFC 9112" below), called by tiny.connection for every chunked body Tornado's parser
-reads. Extensions are skipped; trailers are read within MAX_TRAILERS bytes and dropped.
+reads. Extensions are skipped; trailers are read within MAX_TRAILERS bytes and dropped. A chunk
+whose size would take the body past its limit is refused at its size line (:class:`TooLarge`),
+before any of its bytes is read.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ _CHUNK_COST = 1024
 _YIELD_AFTER = 256 * 1024
 
 
+class TooLarge(httputil.HTTPInputError):
+    """A chunked body's chunks add up to more than its limit (a 413, where other framing errors are 400s)."""
+
+
 async def read_chunked_body(
     stream: iostream.IOStream, deliver: Callable[[bytes], Awaitable[None]], limit: int, piece: int
 ) -> None:
     """Read a chunked body from ``stream`` and hand it to ``deliver`` in pieces of at most
-    ``piece`` bytes; HTTPInputError when it is malformed or its chunks add up to more than
-    ``limit`` bytes. Consecutive small chunks are joined, and what is pending is handed over
+    ``piece`` bytes; HTTPInputError when it is malformed, TooLarge when its chunks add up to
+    more than ``limit`` bytes. Consecutive small chunks are joined, and what is pending is handed over
     whenever the next read would wait for the network."""
     total_size = 0
     pending = bytearray()
@@ -59,7 +65,7 @@ async def read_chunked_body(
             return
         total_size += chunk_len
         if total_size > limit:
-            raise httputil.HTTPInputError("chunked body too large")
+            raise TooLarge(f"body is larger than the limit of {limit} bytes")
         bytes_to_read = chunk_len
         while bytes_to_read:
             chunk = await read(stream.read_bytes(min(bytes_to_read, piece), partial=True))

@@ -47,6 +47,7 @@ import, and tests/test_httpserver.py fails when the upstream source of the two m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -173,8 +174,19 @@ class TornadoConnection(_Answering, HTTP1Connection):
             self.closing = True
         return super().write_headers(start_line, headers, chunk)
 
+    def answer_half_closed(self) -> None:
+        """Answer this request even when its client half-closes (``shutdown(SHUT_WR)``) after
+        sending it, as the fast way does. Once the body is read, Tornado's HTTP1Connection sets
+        the stream's close callback while the answer is pending, which makes the stream listen
+        for reads, and IOStream closes the whole socket at the EOF: /ingest's rows were written
+        and never answered. For /ingest, which always answers, the callback is not set (this
+        instance's ``set_close_callback`` does nothing) until :meth:`finish`; a client gone
+        meanwhile fails the answer's write, which ends the request as the close would."""
+        setattr(self.stream, "set_close_callback", _no_close_callback)  # noqa: B010  # an instance's method, shadowed
+
     def finish(self) -> None:
         self.answered = True
+        self.stream.__dict__.pop("set_close_callback", None)  # the stream's own method again
         super().finish()
 
     def write_answer(self, head: bytes, body: bytes, close: bool = False) -> Future[None]:
@@ -210,7 +222,26 @@ class TornadoConnection(_Answering, HTTP1Connection):
                 if result is not None:
                     await result
 
-        await chunked.read_chunked_body(self.stream, deliver, self.body_limit, self.params.chunk_size)
+        try:
+            await chunked.read_chunked_body(self.stream, deliver, self.body_limit, self.params.chunk_size)
+        except httputil.HTTPInputError as exc:
+            # Tornado would answer a bare 400 (and one to a body too large); the request's
+            # delegate (tiny.httpserver's route) answers a JSON 413 or 400 and the connection
+            # closes. The stream's close then ends the request as a client's close would.
+            refused = getattr(delegate, "body_refused", None)
+            if refused is None or self.answered:
+                raise
+            too_large = isinstance(exc, chunked.TooLarge)
+            written = refused(413 if too_large else 400, str(exc) if too_large else f"the chunked body: {exc}")
+            if written is not None:
+                with contextlib.suppress(iostream.StreamClosedError):
+                    await written
+            self.stream.close()
+            raise iostream.StreamClosedError() from None
+
+
+def _no_close_callback(callback: object) -> None:
+    """A stream's ``set_close_callback`` while a request answers half-closed clients (above)."""
 
 
 def _says_close(connection: str | None) -> bool:

@@ -38,6 +38,7 @@ import socket
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from tornado import httputil, iostream
 from tornado.concurrent import Future
@@ -46,7 +47,15 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 
 from tiny.bodybuffers import BODY_PIECE, WholeBuffers
 from tiny.connection import IngestDelegate, ServerConnection, TornadoConnection
-from tiny.protocol import answer_head, error_body, host_refusal
+from tiny.protocol import (
+    answer_head,
+    clipped,
+    error_body,
+    expectation_refusal,
+    framing_refusal,
+    host_refusal,
+    transfer_refusal,
+)
 
 log = logging.getLogger("tiny.httpserver")
 
@@ -255,15 +264,21 @@ class TinyHTTPServer(HTTPServer):
 class _Route(httputil.HTTPMessageDelegate):
     """Hands a request Tornado's parser read, once its head is in, to the /ingest delegate when
     it is to /ingest, else to the application (its delegate made only then, with the server's
-    body timeout); or refuses it first, for a Host that Tornado refuses (tiny.protocol)."""
+    body timeout); or refuses it first, with a JSON error and a close, where Tornado would answer
+    a bare 400 or nothing useful: a Host that Tornado refuses (tiny.protocol), a Transfer-Encoding
+    in HTTP/1.0, an ``Expect`` other than 100-continue (417), and, for the application, a body
+    framed as Tornado does not take or declared past its limit (413). It also takes what Tornado
+    does not: ``Expect: 100-continue`` in any case, and a request-target in absolute form
+    (``http://host/path``, RFC 9112 3.2.2), read as its path."""
 
-    __slots__ = ("_server", "_server_conn", "_connection", "_chosen")
+    __slots__ = ("_server", "_server_conn", "_connection", "_chosen", "_start_line")
 
     def __init__(self, server: TinyHTTPServer, server_conn: ServerConnection, connection: TornadoConnection) -> None:
         self._server = server
         self._server_conn = server_conn
         self._connection = connection
         self._chosen: httputil.HTTPMessageDelegate | IngestDelegate | None = None
+        self._start_line: httputil.RequestStartLine | None = None
 
     def headers_received(
         self, start_line: httputil.RequestStartLine | httputil.ResponseStartLine, headers: httputil.HTTPHeaders
@@ -272,29 +287,53 @@ class _Route(httputil.HTTPMessageDelegate):
         server, connection = self._server, self._connection
         server.waiting.pop(self._server_conn, None)
         connection.begin(start_line, headers, server.conn_params.no_keep_alive)
-        refusal = host_refusal(start_line.version, headers.get("Host"))
+        start_line = self._start_line = _origin_form(start_line)
+        refusal = host_refusal(start_line.version, headers.get("Host")) or transfer_refusal(start_line.version, headers)
+        status = 400
+        if refusal is None:
+            refusal = expectation_refusal(headers)
+            status = 417
         if refusal is not None:
             self._chosen = httputil.HTTPMessageDelegate()  # its methods do nothing: the body is dropped
-            return self._refuse(start_line, 400, refusal)
+            return self._refuse(status, refusal)
         if server.ingest is not None:
             ingest = server.ingest(start_line, headers, connection)
             if ingest is not None:
                 self._chosen = ingest
+                connection.answer_half_closed()
                 return ingest.headers_received(start_line, headers)
+        framing = framing_refusal(headers, connection.body_limit)
+        if framing is not None:
+            self._chosen = httputil.HTTPMessageDelegate()
+            return self._refuse(*framing)
         if server.request_body_timeout is not None:
             connection.set_body_timeout(server.request_body_timeout)
         self._chosen = HTTPServer.start_request(server, self._server_conn, connection)
         return self._chosen.headers_received(start_line, headers)
 
-    def _refuse(self, start_line: httputil.RequestStartLine, status: int, message: str) -> Future[None]:
+    def _refuse(self, status: int, message: str) -> Future[None]:
         """Answer ``status`` with a JSON error body and close the connection (never read further).
         The future is done once the answer is written and the connection closed: Tornado, which
         awaits it, then reads nothing more and writes nothing else (a framing error of the
         body it would find next would be a second answer)."""
-        log.warning("%d %s %s: %s", status, start_line.method, start_line.path, message)
+        start_line = self._start_line
+        assert start_line is not None
+        log.warning("%d %s %s: %s", status, start_line.method, clipped(start_line.path), message)
         body = error_body(status, message)
         head = answer_head(status, len(body))
+        # The body is never read: the connection closes once the answer is out. Tornado's own
+        # limit lifted, so it finds the stream closed instead of refusing the length again (a
+        # second answer, to a closed stream, and a log line).
+        self._connection.set_max_body_size(2**62)
         return self._connection.write_answer(head, b"" if start_line.method == "HEAD" else body, close=True)
+
+    def body_refused(self, status: int, message: str) -> Any:
+        """A body refused while it is read (a chunked body past its limit: 413, or malformed:
+        400), by tiny.connection: the /ingest delegate answers it, or the route for the application."""
+        refused = getattr(self._chosen, "body_refused", None)
+        if refused is not None:
+            return refused(status, message)
+        return self._refuse(status, message)
 
     def data_received(self, chunk: bytes) -> Any:
         assert self._chosen is not None
@@ -307,3 +346,15 @@ class _Route(httputil.HTTPMessageDelegate):
     def on_connection_close(self) -> None:
         if self._chosen is not None:
             self._chosen.on_connection_close()
+
+
+def _origin_form(start_line: httputil.RequestStartLine) -> httputil.RequestStartLine:
+    """``start_line`` with a request-target in absolute form (``http://host/path?query``, which
+    a server must accept: RFC 9112, 3.2.2) made its origin form (``/path?query``); as it is otherwise."""
+    target = start_line.path
+    if target.startswith("/") or "://" not in target:
+        return start_line
+    parts = urlsplit(target)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        return start_line
+    return start_line._replace(path=urlunsplit(("", "", parts.path or "/", parts.query, "")))

@@ -8,7 +8,12 @@ tiny.handlers.base), these decide the same way:
   3.2, which Tornado applies only when it builds an ``HTTPServerRequest``);
 - :func:`keeps_alive`: whether a request's connection may carry another request after its
   answer (RFC 9112 section 9.3; Tornado's ``_can_keep_alive``, held equal by a test);
+- :func:`transfer_refusal` and :func:`framing_refusal`: which bodies' framing is refused, and with which status (400 or
+  413), before the body is read (Tornado's own checks, which answer a bare 400, made first);
+- :func:`expectation_refusal`: the ``Expect`` header (RFC 9110, 10.1.1), read without regard
+  to case, as Tornado does not;
 - :func:`connection_line`: the ``Connection`` header of an answer;
+- :func:`clipped`: a client's text as an answer or a log line shows it (its first characters);
 - :func:`error_body` and :func:`answer_head`: the bytes of every error body, and the status line
   and headers of every answer the server writes itself (the ones a RequestHandler writes carry
   the same headers, in Tornado's order).
@@ -24,7 +29,11 @@ from typing import Any
 import orjson
 import tornado
 from tornado import httputil
+from tornado.http1connection import is_transfer_encoding_chunked
 
+from tiny.limits import MAX_LENGTH_DIGITS
+
+_SHOWN = 200  # characters of a client's path shown in an answer or a log line
 JSON = "application/json; charset=utf-8"  # said out loud: a client need not guess (httr warns when it must)
 SERVER = f"TornadoServer/{tornado.version}"  # what a RequestHandler says
 
@@ -52,6 +61,59 @@ def host_refusal(version: str, host: str | None) -> str | None:
         return f"the Host header {host[:64]!r} is not a host name with an optional port"
     if "," in host:
         return f"the Host header {host[:64]!r} was sent more than once or holds a list; send one host"
+    return None
+
+
+def transfer_refusal(version: str, headers: httputil.HTTPHeaders) -> str | None:
+    """Why a request is refused (400) for a Transfer-Encoding in HTTP/1.0, whose framing is then
+    faulty (RFC 9112, 6.1), or None. (The fast parser takes no Transfer-Encoding at all.)"""
+    if version == "HTTP/1.0" and "Transfer-Encoding" in headers:
+        return "HTTP/1.0 has no Transfer-Encoding (RFC 9112, 6.1); send a Content-Length, or use HTTP/1.1"
+    return None
+
+
+def framing_refusal(headers: httputil.HTTPHeaders | Any, limit: int) -> tuple[int, str] | None:
+    """The status and message refusing a request whose head says its body is framed as Tornado
+    does not take, or declares more than ``limit`` bytes; None when it may send its body. 400: a
+    Transfer-Encoding other than chunked or beside a Content-Length (Tornado's rule: no
+    smuggling), a Content-Length that is not one number of decimal digits, or of more than
+    MAX_LENGTH_DIGITS digits; 413: a Content-Length over ``limit``. ``headers``: an
+    HTTPHeaders, or tiny.fasthead's Fields."""
+    try:
+        is_transfer_encoding_chunked(headers)
+    except httputil.HTTPInputError as exc:  # its message quotes the value: cut short
+        return 400, f"{str(exc)[:120]}; send chunked or a Content-Length"
+    declared = headers.get("Content-Length")
+    if declared is None:
+        return None
+    if not (declared.isascii() and declared.isdigit()):  # Tornado's parse_int's rule
+        return 400, f"Content-Length {declared[:64]!r} is not one number of decimal digits"
+    size, most = declared.lstrip("0") or "0", str(limit)
+    # Compared as digits: int() refuses over 4,300 of them.
+    if len(size) > len(most) or (len(size) == len(most) and size > most):
+        shown = size if len(size) <= 24 else f"{size[:24]}... ({len(size)} digits)"
+        return 413, f"body of {shown} bytes is larger than the limit of {limit} bytes"
+    if len(declared) > MAX_LENGTH_DIGITS:  # leading zeros: no length needs them
+        return 400, f"Content-Length has {len(declared)} digits; send at most {MAX_LENGTH_DIGITS}"
+    return None
+
+
+def clipped(text: str) -> str:
+    """``text``, or its first characters and its length when longer: a client's 1 MB path is
+    no 1 MB answer, nor a 1 MB log line."""
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text):,} characters)"
+
+
+def expectation_refusal(headers: httputil.HTTPHeaders) -> str | None:
+    """Why a request's ``Expect`` header is refused (417), or None. ``100-continue`` is the one
+    expectation, in any case (RFC 9110, 10.1.1); it is written back in Tornado's case, the one
+    its parser answers ``100 Continue`` to."""
+    expect = headers.get("Expect")
+    if expect is None:
+        return None
+    if expect.strip().lower() != "100-continue":
+        return f"the expectation {expect[:64]!r} cannot be met; the one this server meets is 100-continue"
+    headers["Expect"] = "100-continue"
     return None
 
 

@@ -33,7 +33,7 @@ from tiny.fasthead import Fields
 from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
 from tiny.metrics import Metrics
 from tiny.pacing import Paced, ReadPacer
-from tiny.protocol import JSON, error_body
+from tiny.protocol import JSON, clipped, error_body
 from tiny.readwait import Behind, NeverCommitted, ReadWait, asked_position
 from tiny.sink import DailyFileSink
 
@@ -228,15 +228,6 @@ class JSONHandler(web.RequestHandler):
 
     def on_finish(self) -> None:
         self.deps.metrics.observe_request(self.name, self.get_status(), self.request.request_time())
-
-
-_SHOWN = 200  # characters of a client's path shown in an answer or a log line
-
-
-def clipped(text: str) -> str:
-    """``text``, or its first characters and its length when longer: a client's 1 MB path is
-    no 1 MB answer, nor a 1 MB log line."""
-    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text):,} characters)"
 
 
 def log_request(handler: web.RequestHandler) -> None:

@@ -192,9 +192,10 @@ class IngestRequest(httputil.HTTPMessageDelegate):
             written = self._refuse(exc)
             self._done()  # nothing more of it is read
             return written
-        # The rules hold the body to --max-body as it streams in (data_received), with a JSON
-        # 413; Tornado's own limit would answer a bare 400 first: lifted for this request.
-        self.connection.set_max_body_size(2**62)
+        # The rules hold the body to --max-body (the head's Content-Length, then what streams
+        # in: data_received); Tornado's own limit, that of the other endpoints, is this one for
+        # this request, so a chunk past it is refused at its size line (a JSON 413: body_refused).
+        self.connection.set_max_body_size(self.deps.rules.max_body)
         self.connection.set_body_timeout(self.deps.config.body_timeout)
         return None
 
@@ -208,6 +209,12 @@ class IngestRequest(httputil.HTTPMessageDelegate):
             self._refuse(refused)
             return
         self.chunks.append(chunk)
+
+    def body_refused(self, status: int, message: str) -> Any:
+        """The body refused while it was read (tiny.connection: a chunked body past the limit,
+        413, or malformed, 400): answered so; the connection closes."""
+        self.chunks = []
+        return self._refuse(APIError(status, message))
 
     def finish(self) -> None:
         self.body_read = True

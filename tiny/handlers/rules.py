@@ -1,7 +1,7 @@
 """The request rules of ``POST /ingest``, in one place for every way into it.
 
 :class:`IngestRules` decides, from the method and headers alone, whether a request may send
-its body (:meth:`IngestRules.head`: 405, 401, 400, 415 or 413 in that order, as a JSON
+its body (:meth:`IngestRules.head`: 405, 401, 400, 415, 413 or 411 in that order, as a JSON
 :class:`~tiny.handlers.base.APIError`), then holds the body to the one limit, ``max_body``,
 twice: while it streams in (:meth:`IngestRules.over_limit`) and when it is decompressed
 (:meth:`IngestRules.decode`, :func:`gunzip`). The one way into /ingest (tiny.handlers.ingest)
@@ -16,12 +16,12 @@ import re
 import zlib
 from dataclasses import dataclass
 
-from tornado.http1connection import is_transfer_encoding_chunked
-from tornado.httputil import HTTPHeaders, HTTPInputError
+from tornado.httputil import HTTPHeaders
 
 from tiny.fasthead import Fields
 from tiny.handlers.base import APIError, check_token
-from tiny.limits import MAX_GZIP_MEMBERS, MAX_KEY, MAX_LENGTH_DIGITS
+from tiny.limits import MAX_GZIP_MEMBERS, MAX_KEY
+from tiny.protocol import framing_refusal
 
 _MIN_FEED, _MAX_FEED = 64, 64 * 1024  # bytes given to zlib at once (see gunzip)
 # The key a proxy gives a request that has none of its own (nginx/proxy.conf: $request_id, the
@@ -61,7 +61,6 @@ class IngestRules:
 
     def __init__(self, max_body: int, token: str | None) -> None:
         self.max_body = max_body
-        self._limit_digits = str(max_body)
         self.token = token
 
     def head(self, method: str, headers: HTTPHeaders | Fields) -> Head:
@@ -69,7 +68,8 @@ class IngestRules:
         405 a method other than POST (with ``Allow: POST``), 401 a missing or wrong token, 400 a malformed key, 415 an
         encoding other than identity or gzip or a type that is not NDJSON, 413 a declared
         Content-Length over ``max_body`` (400 one that is not decimal digits, a Transfer-Encoding
-        with it, or one other than chunked)."""
+        with it, or one other than chunked: tiny.protocol.framing_refusal), 411 neither a
+        Content-Length nor chunked."""
         if method != "POST":
             raise APIError(405, "use POST to send records", {"Allow": "POST"})
         check_token(self.token, headers.get("Authorization", ""))
@@ -82,24 +82,13 @@ class IngestRules:
         media = headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
         if media and media not in NDJSON_TYPES:
             raise APIError(415, f"Content-Type {media!r} is not NDJSON; send application/x-ndjson")
-        declared = headers.get("Content-Length")
         # The framing Tornado refuses later with a bare 400, refused here first with the same
-        # status, in JSON: its own Transfer-Encoding check (whose message quotes the value: cut
-        # short), and its parse_int's rule for a length.
-        try:
-            is_transfer_encoding_chunked(headers)  # type: ignore[arg-type]  # Fields: a dict of the same names
-        except HTTPInputError as exc:
-            raise APIError(400, f"{str(exc)[:120]}; send chunked or a Content-Length") from None
-        if declared is not None:
-            if not (declared.isascii() and declared.isdigit()):
-                raise APIError(400, f"Content-Length {declared[:64]!r} is not one number of decimal digits")
-            size, limit = declared.lstrip("0") or "0", self._limit_digits
-            # Compared as digits: int() refuses over 4,300 of them.
-            if len(size) > len(limit) or (len(size) == len(limit) and size > limit):
-                shown = size if len(size) <= 24 else f"{size[:24]}... ({len(size)} digits)"
-                raise APIError(413, f"body of {shown} bytes is larger than the limit of {self.max_body} bytes")
-            if len(declared) > MAX_LENGTH_DIGITS:  # leading zeros: no length needs them
-                raise APIError(400, f"Content-Length has {len(declared)} digits; send at most {MAX_LENGTH_DIGITS}")
+        # status, in JSON (tiny.protocol); a POST with no length at all is a 411.
+        refused = framing_refusal(headers, self.max_body)
+        if refused is not None:
+            raise APIError(*refused)
+        if "Content-Length" not in headers and "Transfer-Encoding" not in headers:
+            raise APIError(411, "a POST to /ingest needs a Content-Length or a chunked body")
         return Head(key, encoding in _GZIP)
 
     def over_limit(self, received: int) -> APIError | None:

@@ -8,7 +8,8 @@ import time
 import orjson
 
 from tiny import codec, metrics
-from tiny.handlers.base import APIError, JSONHandler, clipped
+from tiny.handlers.base import APIError, JSONHandler
+from tiny.protocol import clipped
 
 
 class HealthHandler(JSONHandler):
