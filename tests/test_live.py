@@ -7,7 +7,7 @@ import json
 import pickle
 import zlib
 from collections.abc import Iterator
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
@@ -90,6 +90,20 @@ def test_the_days_are_the_day_files_oldest_first(server: InProcessServer) -> Non
     found = server.deps.live
     assert found.days(found.version()) == [DAY, "2014-05-06"]
     assert found.last_day(found.version()) == date(2014, 5, 6)
+
+
+@pytest.mark.hardening("hostile client: a record dated 9999-12-31 moved last-day for every badge and query")
+def test_the_last_day_is_the_last_with_data_up_to_tomorrow(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    ahead = date.today() + timedelta(days=3)  # past tomorrow in UTC: local and UTC dates differ by a day at most
+    for day in (DAY, "9999-12-31", ahead.isoformat()):
+        (data / f"{day}.csv").write_bytes(HEADER)
+    with InProcessServer(data) as server:
+        found = server.deps.live
+        assert found.last_day(found.version()) == date(2014, 5, 4)
+        assert server.ingest(json.dumps(record(date="2014-05-06")).encode()).status == 200
+        assert found.last_day(found.version()) == date(2014, 5, 6)
 
 
 def test_an_answer_is_kept_until_a_file_it_reads_changes(server: InProcessServer) -> None:

@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import bisect
 import itertools
 import os
 import sqlite3
 import time
 import zlib
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -189,9 +190,13 @@ class Live:
         return names
 
     def last_day(self, version: Version) -> date:
-        """The last day with data (today, UTC, when there is none)."""
+        """The last day with data up to tomorrow (UTC: a day of clock skew), or today when there
+        is none: a record dated years ahead (a client's 9999-12-31) is stored, but does not
+        make every ``last-day``, badge and cranlogs query count that empty future day."""
+        today = datetime.now(UTC).date()
         days = self.days(version)
-        return date.fromisoformat(days[-1]) if days else datetime.now(UTC).date()
+        before = bisect.bisect_right(days, (today + timedelta(days=1)).isoformat())
+        return date.fromisoformat(days[before - 1]) if before else today
 
     def _stats(self, days: set[str]) -> dict[str, tuple[int, int, int]]:
         """(inode, size, mtime_ns) of each of the days' files, oldest day first; (-1, -1, -1)
