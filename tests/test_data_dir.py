@@ -434,6 +434,24 @@ def test_tiny_admin_on_a_mistyped_data_dir_is_refused_and_makes_nothing(tmp_path
     assert list((tmp_path / "plain").iterdir()) == []
 
 
+@pytest.mark.hardening("careless operator: a backup into DATA/bk nested every later backup")
+def test_a_backup_into_its_own_data_dir_is_refused_and_makes_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with Server(data) as server:
+        assert server.ingest(body_of(1)).status == 200
+    before = sorted(path.name for path in data.iterdir())
+    for dest in (data / "bk", data / "day" / ".." / "bk2"):
+        done = subprocess.run(
+            [sys.executable, "-m", "tiny.admin", "backup", str(data), str(dest)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1 and "is inside the data dir" in done.stderr, done.stderr
+    assert sorted(path.name for path in data.iterdir()) == before
+
+
 @needs_root
 def test_a_backup_the_disk_refuses_leaves_no_destination_a_server_would_take(tmp_path: Path) -> None:
     """Onto a 256 KB file system a 1 MB data dir does not fit: exit 1 saying so, and neither

@@ -117,6 +117,11 @@ def backup(
     _existing(data_dir, journal=True)
     if dest.exists():
         raise FileExistsError(f"{dest} exists; back up into a new directory")
+    if dest.resolve().is_relative_to(data_dir.resolve()):
+        raise Refused(
+            f"{dest} is inside the data dir {data_dir}: every later backup would copy it again, and a server "
+            "would serve its day files' folder as data; back up outside it (nothing was done)"
+        )
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
     journal.open(keys=False)
     segments: dict[str, tuple[int, int]] = {}
