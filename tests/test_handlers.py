@@ -760,6 +760,14 @@ def test_expect_100_continue_in_any_case_gets_100_continue_before_the_body_is_se
     assert answer.startswith(b"HTTP/1.1 200 ") and b'"valid":1' in answer, answer
 
 
+def test_an_http10_request_expecting_100_continue_gets_no_100_but_its_answer(server: InProcessServer) -> None:
+    """RFC 9110, 10.1.1: a server must ignore 100-continue in HTTP/1.0 (its client cannot read a 1xx)."""
+    body = line(ip_id=37)
+    request = b"POST /ingest HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    answer = _until_closed(server.port, request)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"100 (Continue)" not in answer, answer
+
+
 def test_an_expectation_other_than_100_continue_gets_a_json_417_and_writes_nothing(server: InProcessServer) -> None:
     before = _rows(server)
     body = line(ip_id=35)

@@ -291,7 +291,7 @@ class _Route(httputil.HTTPMessageDelegate):
         refusal = host_refusal(start_line.version, headers.get("Host")) or transfer_refusal(start_line.version, headers)
         status = 400
         if refusal is None:
-            refusal = expectation_refusal(headers)
+            refusal = expectation_refusal(start_line.version, headers)
             status = 417
         if refusal is not None:
             self._chosen = httputil.HTTPMessageDelegate()  # its methods do nothing: the body is dropped

@@ -104,16 +104,19 @@ def clipped(text: str) -> str:
     return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text):,} characters)"
 
 
-def expectation_refusal(headers: httputil.HTTPHeaders) -> str | None:
+def expectation_refusal(version: str, headers: httputil.HTTPHeaders) -> str | None:
     """Why a request's ``Expect`` header is refused (417), or None. ``100-continue`` is the one
     expectation, in any case (RFC 9110, 10.1.1); it is written back in Tornado's case, the one
-    its parser answers ``100 Continue`` to."""
+    its parser answers ``100 Continue`` to, but in HTTP/1.0, which must ignore it (removed)."""
     expect = headers.get("Expect")
     if expect is None:
         return None
     if expect.strip().lower() != "100-continue":
         return f"the expectation {expect[:64]!r} cannot be met; the one this server meets is 100-continue"
-    headers["Expect"] = "100-continue"
+    if version == "HTTP/1.0":
+        del headers["Expect"]
+    else:
+        headers["Expect"] = "100-continue"
     return None
 
 
