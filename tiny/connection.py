@@ -229,13 +229,14 @@ class TornadoConnection(_Answering, HTTP1Connection):
             # delegate (tiny.httpserver's route) answers a JSON 413 or 400 and the connection
             # closes. The stream's close then ends the request as a client's close would.
             refused = getattr(delegate, "body_refused", None)
-            if refused is None or self.answered:
+            if refused is None:
                 raise
-            too_large = isinstance(exc, chunked.TooLarge)
-            written = refused(413 if too_large else 400, str(exc) if too_large else f"the chunked body: {exc}")
-            if written is not None:
-                with contextlib.suppress(iostream.StreamClosedError):
-                    await written
+            if not self.answered:  # (answered already: no second answer, the close alone)
+                too_large = isinstance(exc, chunked.TooLarge)
+                written = refused(413 if too_large else 400, str(exc) if too_large else f"the chunked body: {exc}")
+                if written is not None:
+                    with contextlib.suppress(iostream.StreamClosedError):
+                        await written
             self.stream.close()
             raise iostream.StreamClosedError() from None
 
