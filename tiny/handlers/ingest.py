@@ -135,11 +135,12 @@ class IngestRequest(httputil.HTTPMessageDelegate):
     to /ingest reaches this delegate, whichever parser read its head, and it answers every one.
 
     - The header limits (tiny.handlers.base.header_refusal: 431) and the request rules
-      (tiny.handlers.rules: 405 with ``Allow: POST`` for another method, 401, 400, 415, 413
-      in that order), checked when the head is in: a refusal is answered before the body is
+      (tiny.handlers.rules: 405 with ``Allow: POST`` for another method, 401, 400, 415, 413,
+      411 in that order), checked when the head is in: a refusal is answered before the body is
       read, with ``Connection: close`` (the rest of the body is never read).
     - Body: one JSON object per line (LF or CRLF), Content-Length or chunked (extensions and
-      trailers taken), held to --max-body as it streams in (413).
+      trailers taken), held to --max-body as it streams in (413; a chunk past it, at its size
+      line: :meth:`body_refused`).
     - 200 once every valid row and every reject is written (see tiny.sink), with counts and
       the first MAX_ERRORS line errors; invalid lines never fail the batch.
     - ``Idempotency-Key`` (1-255 visible ASCII characters, optionally in double quotes):

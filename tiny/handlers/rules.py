@@ -5,9 +5,9 @@ its body (:meth:`IngestRules.head`: 405, 401, 400, 415, 413 or 411 in that order
 :class:`~tiny.handlers.base.APIError`), then holds the body to the one limit, ``max_body``,
 twice: while it streams in (:meth:`IngestRules.over_limit`) and when it is decompressed
 (:meth:`IngestRules.decode`, :func:`gunzip`). The one way into /ingest (tiny.handlers.ingest)
-calls the three. (Tornado's own body limit, ``max_body_size``, is lifted for /ingest, whose
-limit answers a JSON 413 instead of Tornado's bare 400; it guards the other endpoints, which
-take no body: tiny.limits.MAX_OTHER_BODY.)
+calls the three. (Tornado's own body limit, ``max_body_size``, is ``max_body`` for a request to
+/ingest, so that a chunk past it is refused at its size line, with this JSON 413
+(tiny.connection); the other endpoints, which take no body, keep tiny.limits.MAX_OTHER_BODY.)
 """
 
 from __future__ import annotations
