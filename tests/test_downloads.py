@@ -540,6 +540,18 @@ def test_an_unchanged_answer_is_not_sent_again(server: InProcessServer) -> None:
         assert again["etag"] == headers["etag"]
 
 
+@pytest.mark.hardening("hostile client: If-None-Match was matched as a substring")
+def test_if_none_match_takes_a_list_of_tags_or_a_star_but_no_tag_that_merely_holds_the_etag(
+    server: InProcessServer,
+) -> None:
+    path = "/downloads/total/last-day/Rcpp"
+    etag = get(server, path)[1]["etag"]
+    for header in (f'"other", {etag}', f"W/{etag}", "*"):
+        assert get(server, path, **{"If-None-Match": header})[0] == 304, header
+    for header in (f"x{etag}y", '"other"', ""):
+        assert get(server, path, **{"If-None-Match": header})[0] == 200, header
+
+
 def test_no_answer_names_an_ip_id(server: InProcessServer) -> None:
     for path in ("/downloads/daily/last-week/Rcpp", "/top/last-week/100", "/trending", "/badges/Rcpp"):
         status, _, body = get(server, path)

@@ -437,3 +437,24 @@ def test_a_last_day_at_the_first_days_there_are_answers_from_the_first_day(tmp_p
         assert early.ingest(orjson.dumps(record(date="0001-01-05", package="pkg")) + b"\n").status == 200
         response = once_counted(early, path)
         assert response.status == 200, response.body
+
+
+@pytest.mark.hardening("hostile client: million-character badge names held memory the cache did not count")
+@pytest.mark.parametrize("path", ["/badges/{name}", "/downloads/total/last-day/Rcpp,{name}", "/badges/last-day/{name}"])
+def test_a_package_name_past_its_bound_gets_a_400_that_does_not_echo_it(server: InProcessServer, path: str) -> None:
+    from tiny.limits import CRAN_MAX_NAME
+
+    name = "a" * 100_000
+    response = get(server, path.format(name=name))
+    assert response.status == 400, response.body[:200]
+    assert len(response.body) < 500 and f"at most {CRAN_MAX_NAME}" in response.json()["error"]["message"]
+    assert get(server, path.format(name="a" * CRAN_MAX_NAME)).status == 200
+
+
+def test_an_answer_kept_in_memory_is_charged_its_query_too(server: InProcessServer) -> None:
+    """A thousand long names are 100 KB of key beside a 20 KB answer: the budget counts both."""
+    live = server.deps.live
+    names = ",".join(f"p{n:03d}" + "a" * 96 for n in range(1000))
+    before = live._answers.weight()  # the cache's own charge
+    assert get(server, f"/downloads/total/{DAY}/{names}").status == 200
+    assert live._answers.weight() - before > 100_000

@@ -7,6 +7,7 @@ a subprocess server only where the process is the point (its memory, its log, it
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import gzip
@@ -632,48 +633,103 @@ def test_the_header_limit_counts_field_lines_on_every_way(
         assert _rows(target) == max(before, 1) + 1
 
 
-def _half_closed(port: int, data: bytes) -> bytes:
-    """What the server answers to ``data`` sent on a connection whose sending side is then shut
-    (``shutdown(SHUT_WR)``: the client has nothing more to say, and waits to read)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
+@contextlib.contextmanager
+def _flush_lock_held(server: InProcessServer) -> Iterator[None]:
+    """Another writer's flush holds the data dir (its flush lock): the server's writes, and its
+    reads of the committed sizes, wait (at most --lock-timeout, 5 s)."""
+    with open(lock_path(server.config.data_dir), "ab") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(holder, fcntl.LOCK_UN)
+
+
+def _half_closed(server: InProcessServer, data: bytes, rows_before: int | None = None) -> bytes:
+    """What the server answers to ``data`` when its client shuts its sending side
+    (``shutdown(SHUT_WR)``: nothing more to say, waiting to read) while the request waits for
+    the flush lock; the request was read before the close arrived (its rows not yet written)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        with _flush_lock_held(server):
+            sock.sendall(data)
+            time.sleep(0.3)  # read and waiting for the lock
+            if rows_before is not None:
+                assert _rows(server) == rows_before  # (the precondition: not written yet)
+            sock.shutdown(socket.SHUT_WR)
+            time.sleep(0.3)  # the close is there before the answer
         out = b""
         while chunk := sock.recv(65536):
             out += chunk
         return out
 
 
-_HALF_CLOSED = {  # the requests Tornado's parser reads (tiny_ingest_heads_total says so below)
-    "chunked": lambda body: _request("chunked", b"Host: x\r\n", body),
-    "a query string": lambda body: (
-        b"POST /ingest?source=a HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+_HALF_CLOSED = {  # the ways into /ingest, and the parser that reads each
+    "fast": (lambda body: _request("fast", b"Host: x\r\n", body), "fast"),
+    "chunked": (lambda body: _request("chunked", b"Host: x\r\n", body), "tornado"),
+    "a query string": (
+        lambda body: b"POST /ingest?source=a HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+        "tornado",
     ),
-    "100-continue": lambda body: (
-        b"POST /ingest HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    "100-continue": (
+        lambda body: (
+            b"POST /ingest HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        ),
+        "tornado",
     ),
 }
 
 
 @pytest.mark.hardening("hostile client: a half-closed client on Tornado's way had its rows written, never answered")
-@pytest.mark.parametrize("request_of", _HALF_CLOSED.values(), ids=_HALF_CLOSED.keys())
-def test_a_client_that_half_closes_after_its_request_gets_its_answer_on_tornados_way(
-    server: InProcessServer, request_of: Any
-) -> None:
-    before, heads = _rows(server), _heads(server)
-    answer = _half_closed(server.port, request_of(line(ip_id=31) * 3))
+@pytest.mark.parametrize("way", _HALF_CLOSED.keys())
+def test_a_client_that_half_closes_while_its_batch_waits_gets_its_answer(server: InProcessServer, way: str) -> None:
+    request_of, parser = _HALF_CLOSED[way]
+    before, heads = max(_rows(server), 1), _heads(server)
+    answer = _half_closed(server, request_of(line(ip_id=31) * 3), before)
     assert answer.count(b"HTTP/1.1 200 ") == 1 and b'"valid":3' in answer, answer
-    assert _rows(server) == max(before, 1) + 3
-    assert _took(server, heads) == {"tornado": 1}
+    assert _rows(server) == before + 3
+    assert _took(server, heads) == {parser: 1}
 
 
 @pytest.mark.hardening("hostile client: a half-closed client on Tornado's way had its rows written, never answered")
 def test_a_client_that_half_closes_gets_its_answer_when_tornado_reads_every_head(general: InProcessServer) -> None:
-    before = _rows(general)
-    body = line(ip_id=32) * 2
-    answer = _half_closed(general.port, _request("general", b"Host: x\r\n", body))
+    before = max(_rows(general), 1)
+    answer = _half_closed(general, _request("general", b"Host: x\r\n", line(ip_id=32) * 2), before)
     assert answer.count(b"HTTP/1.1 200 ") == 1 and b'"valid":2' in answer, answer
-    assert _rows(general) == max(before, 1) + 2
+    assert _rows(general) == before + 2
+
+
+@pytest.mark.hardening("hostile client: a client that half-closed after a GET got no answer from the reads")
+def test_a_client_that_half_closes_while_its_read_waits_gets_its_answer(server: InProcessServer) -> None:
+    assert server.ingest(line(ip_id=38)).status == 200  # a day file: its committed size is read under the lock
+    path = f"/downloads/total/2014-05-04/half{time.monotonic_ns()}"  # asked first: no answer kept
+    answer = _half_closed(server, b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith((b"HTTP/1.1 200 ", b"HTTP/1.1 503 ")), answer  # (503: the store still counting)
+    assert len(body) == int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+
+
+@pytest.mark.hardening("hostile client: a half-closed client on Tornado's way had its rows written, never answered")
+@pytest.mark.parametrize("way", ["fast", "chunked"])
+def test_a_batch_is_answered_or_not_written_whenever_its_client_half_closes(server: InProcessServer, way: str) -> None:
+    """Sent and half-closed at once, the close may come in the server's very read of the request
+    (IOStream then closes the connection): every time, either its answer came and its rows are
+    on disk once, or no answer came and nothing of it was written."""
+    request_of, _ = _HALF_CLOSED[way]
+    for attempt in range(10):
+        before = max(_rows(server), 1)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(request_of(line(ip_id=40 + attempt) * 2))
+            sock.shutdown(socket.SHUT_WR)
+            answer = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(65536):
+                    answer += chunk
+        time.sleep(0.05)  # (a write still in flight would show now)
+        if answer:
+            assert answer.count(b"HTTP/1.1 200 ") == 1 and _rows(server) == before + 2, answer
+        else:
+            assert _rows(server) == before, f"attempt {attempt}: rows written, no answer"
 
 
 def _json_error(answer: bytes) -> tuple[int, str, bytes]:
@@ -789,3 +845,14 @@ def test_a_request_target_in_absolute_form_is_served_as_its_path(server: InProce
     answer = _until_closed(server.port, request % (len(body), body))
     assert answer.startswith(b"HTTP/1.1 200 ") and b'"valid":1' in answer, answer
     assert _rows(server) == max(before, 1) + 1
+
+
+@pytest.mark.hardening("hostile client: a 431 on a path other than /ingest kept the connection open")
+def test_headers_past_the_limits_on_any_path_get_a_json_431_and_a_close(server: InProcessServer) -> None:
+    from tiny.limits import MAX_HEADERS
+
+    fields = b"".join(b"X-%d: 1\r\n" % n for n in range(MAX_HEADERS + 1))
+    pipelined = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    answer = _until_closed(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n%s\r\n%s" % (fields, pipelined))
+    status, message, head = _json_error(answer)  # one answer: the request behind it is never read
+    assert status == 431 and str(MAX_HEADERS) in message and b"\r\nConnection: close" in head

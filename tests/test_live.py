@@ -123,3 +123,19 @@ def test_the_version_moves_with_every_flush(server: InProcessServer) -> None:
     before = server.deps.live.version()
     assert server.ingest(json.dumps(record(date=DAY)).encode()).status == 200
     assert server.deps.live.version() != before
+
+
+@pytest.mark.hardening("hostile client: 150 century-long GETs held the event loop 10 s and got the worker killed")
+def test_a_period_of_a_century_is_answered_by_its_span_without_listing_its_days(
+    server: InProcessServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert server.ingest(json.dumps(record(date="2014-05-06", package="span")).encode()).status == 200
+
+    def listed(period: Period) -> list[str]:
+        raise AssertionError(f"the days of {period} were listed on the event loop")
+
+    monkeypatch.setattr(Period, "days", listed)  # this process's: the pool's processes answer the total
+    query = Total(Period(date(1914, 5, 6), date(2114, 5, 6)), ("span",))
+    first = _answer(server, query)
+    assert json.loads(first.body)[0]["downloads"] == 1
+    assert _answer(server, query) is first  # kept, and found again without the days

@@ -179,9 +179,10 @@ class TornadoConnection(_Answering, HTTP1Connection):
         sending it, as the fast way does. Once the body is read, Tornado's HTTP1Connection sets
         the stream's close callback while the answer is pending, which makes the stream listen
         for reads, and IOStream closes the whole socket at the EOF: /ingest's rows were written
-        and never answered. For /ingest, which always answers, the callback is not set (this
-        instance's ``set_close_callback`` does nothing) until :meth:`finish`; a client gone
-        meanwhile fails the answer's write, which ends the request as the close would."""
+        and never answered, and no read was answered. Every request is answered (the server's
+        handlers never stop for a client gone), so the callback is not set (this instance's
+        ``set_close_callback`` does nothing) until :meth:`finish`; a client gone meanwhile
+        fails the answer's write, which ends the request as the close would."""
         setattr(self.stream, "set_close_callback", _no_close_callback)  # noqa: B010  # an instance's method, shadowed
 
     def finish(self) -> None:
@@ -224,8 +225,10 @@ class TornadoConnection(_Answering, HTTP1Connection):
 
         try:
             await chunked.read_chunked_body(self.stream, deliver, self.body_limit, self.params.chunk_size)
-        except httputil.HTTPInputError as exc:
-            # Tornado would answer a bare 400 (and one to a body too large); the request's
+        except (httputil.HTTPInputError, iostream.UnsatisfiableReadError) as exc:
+            # Tornado would answer a bare 400 (and one to a body too large); a chunk-size line or
+            # trailers past their bounds found in what was read already (an unsatisfiable read:
+            # found as bytes arrive, IOStream closes the connection itself, unanswered); the request's
             # delegate (tiny.httpserver's route) answers a JSON 413 or 400 and the connection
             # closes. The stream's close then ends the request as a client's close would.
             refused = getattr(delegate, "body_refused", None)
@@ -233,7 +236,11 @@ class TornadoConnection(_Answering, HTTP1Connection):
                 raise
             if not self.answered:  # (answered already: no second answer, the close alone)
                 too_large = isinstance(exc, chunked.TooLarge)
-                written = refused(413 if too_large else 400, str(exc) if too_large else f"the chunked body: {exc}")
+                if isinstance(exc, iostream.UnsatisfiableReadError):
+                    message = f"the chunked body: a chunk-size line or its trailers are longer than allowed ({exc})"
+                else:
+                    message = str(exc) if too_large else f"the chunked body: {exc}"
+                written = refused(413 if too_large else 400, message)
                 if written is not None:
                     with contextlib.suppress(iostream.StreamClosedError):
                         await written

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import orjson
 
 from tiny import aggregate_sql as sql
-from tiny import layout
+from tiny import layout, limits
 from tiny.limits import TRENDING_MIN, TRENDING_WEEKS
 from tiny.live import Query
 
@@ -99,9 +99,17 @@ def parse_packages(text: str) -> list[str]:
     """``pkg1,pkg2``: CRAN package names; ValueError for anything else."""
     names = text.split(",")
     for name in names:
+        check_name_length(name)
         if not PACKAGE.match(name):
             raise ValueError(f"not a package name: {name!r}")
     return names
+
+
+def check_name_length(name: str) -> None:
+    """ValueError for a package name longer than CRAN_MAX_NAME characters: none is, and each is
+    kept in the key of an answer kept in memory (a million-character name would be a megabyte)."""
+    if len(name) > limits.CRAN_MAX_NAME:
+        raise ValueError(f"a package name of {len(name):,} characters; at most {limits.CRAN_MAX_NAME}")
 
 
 # -- the answers, from the store (in the pool) ---------------------------------------------
@@ -179,6 +187,10 @@ class _OfPeriod(Query):
     def days(self) -> list[str]:
         return self.period.days()
 
+    @property
+    def span(self) -> tuple[str, str]:
+        return self.period.span()
+
 
 @dataclass(frozen=True)
 class Total(_OfPeriod):
@@ -234,6 +246,10 @@ class Trending(Query):
     def days(self) -> list[str]:
         return trending_period(self.last_day).days()
 
+    @property
+    def span(self) -> tuple[str, str]:
+        return trending_period(self.last_day).span()
+
     def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
         return orjson.dumps(trending(store, self.last_day))
 
@@ -249,6 +265,10 @@ class Count(Query):
     @property
     def days(self) -> list[str] | None:
         return None if self.period is None else self.period.days()
+
+    @property
+    def span(self) -> tuple[str, str] | None:
+        return None if self.period is None else self.period.span()
 
     def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
         start, end = ("0001-01-01", "9999-12-31") if self.period is None else self.period.span()

@@ -22,7 +22,8 @@ one, needs:
   second over the connections waiting for headers, oldest first, so a connection is closed
   between the timeout and half a second after it. The body timeout of a request on the fast
   way is the same sweep over the connections whose body is still to come; Tornado's timer is
-  set per request for the others.
+  set per request for the others. The same sweep closes a connection whose answer its client
+  has not taken within the header timeout (Tornado has no write timeout).
 - **TCP_NODELAY on for the connection's life**, as nginx's ``tcp_nodelay`` keeps it on
   kept-alive connections: answers are written whole, so Nagle's algorithm would only hold back
   the last packet of a streamed one.
@@ -53,6 +54,7 @@ from tiny.protocol import (
     error_body,
     expectation_refusal,
     framing_refusal,
+    header_limit_refusal,
     host_refusal,
     transfer_refusal,
 )
@@ -142,12 +144,14 @@ class TinyHTTPServer(HTTPServer):
         # The fast way's body timeout, the same way: the connections whose body is still to
         # come, in the order they began to read it.
         self.reading: dict[ServerConnection, float] = {}
+        self.sending: dict[ServerConnection, float] = {}  # answers still pending, since when (the sweep's)
         self.connections: set[ServerConnection] = set()
         self._listening: dict[socket.socket, Callable[[], None]] = {}  # each socket's accept loop's stop
         self._sweeper: PeriodicCallback | None = None
         self.max_connections = max_connections
         self._on_connections = on_connections
         self._refused = _Every()
+        self._untaken = _Every()  # the answers dropped by the sweep
         self._accept_errors = _Every()
 
     @property
@@ -233,6 +237,7 @@ class TinyHTTPServer(HTTPServer):
         assert isinstance(server_conn, ServerConnection)
         self.connections.discard(server_conn)
         self.waiting.pop(server_conn, None)
+        self.sending.pop(server_conn, None)
         self._count()
 
     async def close_all_connections(self) -> None:
@@ -242,9 +247,10 @@ class TinyHTTPServer(HTTPServer):
 
     def _close_slow(self) -> None:
         """Close the connections that have waited longer than the header timeout for a
-        request's headers (idle, or sending them slowly), and those that have taken longer
-        than the body timeout to send a body on the fast way. Oldest first: each walk stops
-        at the first within its bound."""
+        request's headers (idle, or sending them slowly), those that have taken longer than the
+        body timeout to send a body on the fast way (oldest first: each walk stops at the first
+        within its bound), and those whose answer has not all been taken by the client within
+        the header timeout (a client that never reads would hold its answer's megabytes)."""
         now = IOLoop.current().time()
         for waits, timeout in ((self.waiting, self.header_timeout), (self.reading, self.request_body_timeout)):
             if timeout is None:
@@ -254,6 +260,21 @@ class TinyHTTPServer(HTTPServer):
                     break
                 del waits[conn]
                 conn.timed_out = True
+                conn.stream.close()
+        if self.header_timeout is None:
+            return
+        # Every open connection, twice a second (a method call each: 10,000 connections cost
+        # about a millisecond); a write seen pending in one sweep and still in a later one past
+        # the timeout (the kernel's send buffer full all along) is closed.
+        sending, since_before = self.sending, now - self.header_timeout
+        for conn in list(self.connections):
+            if not conn.stream.writing():
+                sending.pop(conn, None)
+            elif sending.setdefault(conn, now) <= since_before:
+                del sending[conn]
+                self._untaken.log(
+                    logging.INFO, "closed a connection whose client took no answer for %.0f s", self.header_timeout
+                )
                 conn.stream.close()
 
     def _count(self) -> None:
@@ -266,10 +287,11 @@ class _Route(httputil.HTTPMessageDelegate):
     it is to /ingest, else to the application (its delegate made only then, with the server's
     body timeout); or refuses it first, with a JSON error and a close, where Tornado would answer
     a bare 400 or nothing useful: a Host that Tornado refuses (tiny.protocol), a Transfer-Encoding
-    in HTTP/1.0, an ``Expect`` other than 100-continue (417), and, for the application, a body
-    framed as Tornado does not take or declared past its limit (413). It also takes what Tornado
-    does not: ``Expect: 100-continue`` in any case, and a request-target in absolute form
-    (``http://host/path``, RFC 9112 3.2.2), read as its path."""
+    in HTTP/1.0, an ``Expect`` other than 100-continue (417), and, for the application, headers
+    past the limits (431) or a body framed as Tornado does not take or declared past its limit
+    (400, 413). It also takes what Tornado does not: ``Expect: 100-continue`` in any case, a
+    request-target in absolute form (``http://host/path``, RFC 9112 3.2.2), read as its path,
+    and a client that half-closes after its request (answered all the same)."""
 
     __slots__ = ("_server", "_server_conn", "_connection", "_chosen", "_start_line")
 
@@ -287,6 +309,7 @@ class _Route(httputil.HTTPMessageDelegate):
         server, connection = self._server, self._connection
         server.waiting.pop(self._server_conn, None)
         connection.begin(start_line, headers, server.conn_params.no_keep_alive)
+        connection.answer_half_closed()
         start_line = self._start_line = _origin_form(start_line)
         refusal = host_refusal(start_line.version, headers.get("Host")) or transfer_refusal(start_line.version, headers)
         status = 400
@@ -300,9 +323,9 @@ class _Route(httputil.HTTPMessageDelegate):
             ingest = server.ingest(start_line, headers, connection)
             if ingest is not None:
                 self._chosen = ingest
-                connection.answer_half_closed()
                 return ingest.headers_received(start_line, headers)
-        framing = framing_refusal(headers, connection.body_limit)
+        too_many = header_limit_refusal(headers)  # (the /ingest delegate answers its own, counted)
+        framing = (431, too_many) if too_many is not None else framing_refusal(headers, connection.body_limit)
         if framing is not None:
             self._chosen = httputil.HTTPMessageDelegate()
             return self._refuse(*framing)

@@ -28,7 +28,9 @@ HEADER_READ_LIMIT = 1 * MiB  # past this Tornado closes the connection unanswere
 MAX_LENGTH_DIGITS = 20  # characters of a Content-Length (2**64 has 20 digits): int() of thousands would raise
 MAX_CHUNK_LINE = 4096  # bytes of a chunk-size line with its extensions
 MAX_TRAILERS = 64 * KiB  # bytes of trailer fields after the last chunk
-IDLE_TIMEOUT = 60.0  # --idle-timeout: seconds a connection may idle, or take to send its headers
+IDLE_TIMEOUT = (
+    60.0  # --idle-timeout: seconds a connection may idle, take to send its headers, or leave an answer untaken
+)
 BODY_TIMEOUT = 60.0  # --body-timeout: seconds a client may take to send a body
 DRAIN_TIMEOUT = 8.0  # --drain-timeout: seconds a stop waits for requests in flight
 DRAIN_GRACE = 0.5  # seconds requests on open connections are still served after a stop
@@ -88,6 +90,7 @@ DAYS_PAGE_MAX = 1000
 CRAN_MAX_TOP = 100  # the public service keeps the top 100 of each period: a larger count gets 100
 CRAN_DEFAULT_TOP = 9  # the public service's count when none is given
 CRAN_MAX_PACKAGES = 1000  # packages one /downloads request names at most (400 past it)
+CRAN_MAX_NAME = 100  # characters of a package name at most (CRAN's longest are about 40; 400 past it)
 CRAN_MAX_DAILY_COUNTS = 100_000  # days x packages one /downloads/daily answer holds at most (400 past it)
 TRENDING_MIN = 1000  # downloads in the last week for a package to trend
 TRENDING_WEEKS = 24  # the weeks before the last one a package's rise is measured against

@@ -41,6 +41,7 @@ import asyncio
 import bisect
 import itertools
 import os
+import pickle
 import sqlite3
 import time
 import zlib
@@ -79,6 +80,12 @@ class Query(abc.ABC):
     def days(self) -> list[str] | None:
         """The days it reads, oldest first (None: all); a day of their span without a file is
         forgotten by the store."""
+
+    @property
+    def span(self) -> tuple[str, str] | None:
+        """Its first and last day when it reads every day between them (a period: a century's
+        36,525 days are then never listed on the event loop), else None (:attr:`days` says)."""
+        return None
 
     @abc.abstractmethod
     def answer(self, store: Aggregates, sizes: dict[str, int]) -> bytes:
@@ -214,16 +221,23 @@ class Live:
     async def answer(self, query: Query) -> Answer:
         """The answer to ``query`` (see fold_job), reading its days."""
         deadline = time.monotonic() + self.fold_seconds
-        needed = query.days
         version = self.version()
         generation = read_generation(self.data_dir)
         existing = self.days(version)
-        if needed is None:
-            days, within = existing, _ALL_DAYS
-        elif needed:
-            days, within = sorted(set(needed).intersection(existing)), (min(needed), max(needed))
+        span = query.span
+        if span is not None:  # the files within it found in the sorted list: its days never listed
+            days = existing[bisect.bisect_left(existing, span[0]) : bisect.bisect_right(existing, span[1])]
+            within = span
+            length = (date.fromisoformat(span[1]) - date.fromisoformat(span[0])).days + 1
+            needed = query.days if length <= limits.STAT_DAYS else None
         else:
-            days, within = [], ("", "")
+            needed = query.days
+            if needed is None:
+                days, within = existing, _ALL_DAYS
+            elif needed:
+                days, within = sorted(set(needed).intersection(existing)), (min(needed), max(needed))
+            else:
+                days, within = [], ("", "")
         stats = {}
         if needed is not None and len(needed) <= limits.STAT_DAYS:
             # Versioned by the files it reads: its answer stays while other days are written.
@@ -252,5 +266,6 @@ class Live:
         answer = Answer(bytes(body), (read_from, *version))
         if any(sizes.get(day, -1) != size for day, (inode, size, _) in stats.items() if inode != -1):
             return answer  # bytes were in flight: this answer does not count all these files hold
-        self._answers.put(query, answer, len(answer.body))
+        # Charged what it holds: the answer, and the query it is kept under (its package names).
+        self._answers.put(query, answer, len(answer.body) + len(pickle.dumps(query)))
         return answer

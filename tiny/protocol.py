@@ -13,6 +13,7 @@ tiny.handlers.base), these decide the same way:
 - :func:`expectation_refusal`: the ``Expect`` header (RFC 9110, 10.1.1), read without regard
   to case, as Tornado does not;
 - :func:`connection_line`: the ``Connection`` header of an answer;
+- :func:`header_limit_refusal`: the headers past the limits (431);
 - :func:`clipped`: a client's text as an answer or a log line shows it (its first characters);
 - :func:`error_body` and :func:`answer_head`: the bytes of every error body, and the status line
   and headers of every answer the server writes itself (the ones a RequestHandler writes carry
@@ -31,7 +32,7 @@ import tornado
 from tornado import httputil
 from tornado.http1connection import is_transfer_encoding_chunked
 
-from tiny.limits import MAX_LENGTH_DIGITS
+from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS, MAX_LENGTH_DIGITS
 
 _SHOWN = 200  # characters of a client's path shown in an answer or a log line
 JSON = "application/json; charset=utf-8"  # said out loud: a client need not guess (httr warns when it must)
@@ -95,6 +96,23 @@ def framing_refusal(headers: httputil.HTTPHeaders | Any, limit: int) -> tuple[in
         return 413, f"body of {shown} bytes is larger than the limit of {limit} bytes"
     if len(declared) > MAX_LENGTH_DIGITS:  # leading zeros: no length needs them
         return 400, f"Content-Length has {len(declared)} digits; send at most {MAX_LENGTH_DIGITS}"
+    return None
+
+
+def header_limit_refusal(headers: httputil.HTTPHeaders | Any) -> str | None:
+    """Why request headers past the limits (tiny.limits) are refused (431), or None: more than
+    MAX_HEADERS field lines (each line counts: a name sent 150 times is 150 fields, RFC 9110
+    section 5.3), or more than MAX_HEADER_BYTES of them. ``headers`` is an ``HTTPHeaders`` or
+    the fast way's ``Fields`` (whose ``get_all`` yields each line). Past HEADER_READ_LIMIT
+    bytes Tornado itself closes the connection unanswered."""
+    count = size = 0
+    for name, value in headers.get_all():
+        count += 1
+        size += len(name) + len(value) + 4
+    if count > MAX_HEADERS:
+        return f"more than {MAX_HEADERS} request header fields"
+    if size > MAX_HEADER_BYTES:
+        return f"request headers larger than {MAX_HEADER_BYTES} bytes"
     return None
 
 

@@ -30,10 +30,9 @@ from tornado.log import access_log
 from tiny.config import Config
 from tiny.drain import Drain
 from tiny.fasthead import Fields
-from tiny.limits import MAX_HEADER_BYTES, MAX_HEADERS
 from tiny.metrics import Metrics
 from tiny.pacing import Paced, ReadPacer
-from tiny.protocol import JSON, clipped, error_body
+from tiny.protocol import JSON, clipped, error_body, header_limit_refusal
 from tiny.readwait import Behind, NeverCommitted, ReadWait, asked_position
 from tiny.sink import DailyFileSink
 
@@ -88,20 +87,9 @@ def closes_connection(drain: Drain, body_read: bool) -> bool:
 
 
 def header_refusal(headers: HTTPHeaders | Fields) -> APIError | None:
-    """The 431 for request headers past the limits (tiny.limits): more than MAX_HEADERS field
-    lines (each line counts: a name sent 150 times is 150 fields, RFC 9110 section 5.3), or
-    more than MAX_HEADER_BYTES of them; None within them. ``headers`` is an ``HTTPHeaders``
-    or the fast way's ``Fields`` (whose ``get_all`` yields each line). Past HEADER_READ_LIMIT
-    bytes Tornado itself closes the connection unanswered."""
-    count = size = 0
-    for name, value in headers.get_all():
-        count += 1
-        size += len(name) + len(value) + 4
-    if count > MAX_HEADERS:
-        return APIError(431, f"more than {MAX_HEADERS} request header fields")
-    if size > MAX_HEADER_BYTES:
-        return APIError(431, f"request headers larger than {MAX_HEADER_BYTES} bytes")
-    return None
+    """The 431 for request headers past the limits (tiny.protocol.header_limit_refusal), or None."""
+    refused = header_limit_refusal(headers)
+    return None if refused is None else APIError(431, refused)
 
 
 class APIError(web.HTTPError):
@@ -122,8 +110,9 @@ class APIError(web.HTTPError):
 
 
 class JSONHandler(web.RequestHandler):
-    """Base: JSON bodies, the JSON error shape, header limits, the token rule, request metrics,
-    and HEAD wherever there is a GET."""
+    """Base: JSON bodies, the JSON error shape, the token rule, request metrics, and HEAD
+    wherever there is a GET. (The header limits are the server's, before any handler:
+    tiny.httpserver.)"""
 
     name = "other"
     allowed: tuple[str, ...] = ("GET", "HEAD")
@@ -139,16 +128,6 @@ class JSONHandler(web.RequestHandler):
         """HEAD: the GET's answer, its status and headers (Content-Length of its body), with no
         body (Tornado writes none for a HEAD request). A handler without GET answers 405."""
         return self.get(*args, **kwargs)  # a subclass's get may be a coroutine (Tornado awaits it)
-
-    def prepare(self) -> Awaitable[None] | None:  # a subclass's may be a coroutine (Tornado awaits it)
-        self.check_headers()
-        return None
-
-    def check_headers(self) -> None:
-        """431 for headers past the limits (:func:`header_refusal`)."""
-        refused = header_refusal(self.request.headers)
-        if refused is not None:
-            raise refused
 
     def check_token(self) -> None:
         """401 unless the request carries ``Authorization: Bearer <token>`` (when one is set)."""

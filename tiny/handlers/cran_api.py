@@ -10,7 +10,7 @@ read-only aggregates public (badges in public READMEs need that); no answer ever
 ip_id. ``/ping``, ``/check`` and ``/downloads/`` (the API's pointer to its documentation) hold
 no data and need no token.
 
-Caching: every answer carries an ETag; a request whose If-None-Match holds it gets 304.
+Caching: every answer carries an ETag; a request whose If-None-Match names it (or is ``*``) gets 304.
 JSON answers say ``Cache-Control: no-cache`` (revalidate: counts change within seconds of an
 ingest); badges ``public, max-age=300``, like the images they are.
 """
@@ -34,12 +34,14 @@ from tiny.cran_api import (
     Top,
     Total,
     Trending,
+    check_name_length,
     keyword_of,
     parse_packages,
     parse_period,
 )
 from tiny.handlers.base import JSON, APIError, JSONHandler
 from tiny.live import Answer, Query, etag_of
+from tiny.protocol import clipped
 from tiny.sink import SinkError
 
 _R = "downloads of R itself are not in the package download logs this server ingests"
@@ -81,7 +83,7 @@ class DownloadsBase(JSONHandler):
         self.set_header("Content-Type", content_type)
         self.set_header("Cache-Control", self.cache_control)
         self.set_header("ETag", etag)
-        if etag in (self.request.headers.get("If-None-Match") or ""):
+        if none_match(self.request.headers.get("If-None-Match"), etag):
             self.set_status(304)
             self.finish()
             return
@@ -188,6 +190,16 @@ class BadgeHandler(DownloadsBase):
         self.send(answer, svg, "image/svg+xml")
 
 
+def none_match(header: str | None, etag: str) -> bool:
+    """Whether an ``If-None-Match`` header matches ``etag`` (RFC 9110, 13.1.2): ``*``, or one of
+    its comma-separated entity tags, weak or not, equal to it (not merely within the header)."""
+    if header is None:
+        return False
+    if header.strip() == "*":
+        return True
+    return any(tag.strip().removeprefix("W/") == etag for tag in header.split(","))
+
+
 def summary_and_package(first: str, second: str | None) -> tuple[str, str]:
     """The summary and the package name of ``/badges/{first}[/{second}]``; APIError else."""
     if second is None:
@@ -197,7 +209,11 @@ def summary_and_package(first: str, second: str | None) -> tuple[str, str]:
     else:
         summary, name = keyword_of(first), second
     if summary not in SUMMARIES:
-        raise APIError(400, f"not a badge summary: {first!r} ({', '.join(SUMMARIES)})")
+        raise APIError(400, f"not a badge summary: {clipped(first)!r} ({', '.join(SUMMARIES)})")
+    try:
+        check_name_length(name)
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
     if not _BADGE_PACKAGE.match(name):
         raise APIError(400, f"not a package name: {name!r}")
     if name == "R":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,13 +30,25 @@ log = logging.getLogger("tiny.handlers")
 READ_ONLY = "this host serves reads only (--role read): send /ingest to an ingest host"
 
 
+class ClientGone(Exception):
+    """The client's connection closed before its batch was written: nothing of it is kept, and
+    no answer can reach it (its retry is processed afresh)."""
+
+
+def _connected() -> bool:
+    return False
+
+
 @profile
-async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool, int | None]:
+async def process(
+    deps: Deps, head: Head, body: bytes, gone: Callable[[], bool] = _connected
+) -> tuple[bytes, bool, int | None]:
     """One /ingest request once its whole body is in (:class:`IngestRequest`): decoded,
     encoded, written; returns the 200 answer, whether it was replayed from a stored key, and
     its position in the cluster's global order (cluster mode; for a replay, the position of
     the flush that wrote it; None: one host, or a batch that wrote no bytes). Raises APIError
-    for every other answer (400 or 413 for a gzip body, 422, 503)."""
+    for every other answer (400 or 413 for a gzip body, 422, 503), ClientGone when ``gone()``
+    says the connection closed before the batch was handed to the sink."""
     sink = deps.sink
     if not sink.is_open:  # it failed to open (or was refused since): try again, or say why
         try:
@@ -57,6 +70,8 @@ async def process(deps: Deps, head: Head, body: bytes) -> tuple[bytes, bool, int
     metrics = deps.metrics
     metrics.bytes_in.inc(received)
     position = None
+    if gone():  # rows no answer could acknowledge are not written (a retry would write them twice)
+        raise ClientGone
     if chunks or head.key is not None:
         claim = Claim(head.key, digest, answer) if head.key is not None else None
         try:
@@ -238,7 +253,12 @@ class IngestRequest(httputil.HTTPMessageDelegate):
 
     async def _process(self, body: bytes) -> None:
         try:
-            answer, replayed, position = await process(self.deps, self.head, body)
+            answer, replayed, position = await process(self.deps, self.head, body, self.connection.stream.closed)
+        except ClientGone:
+            log.info(
+                "%s /ingest: the client closed its connection before its batch was written; nothing was kept",
+                self.method,
+            )
         except APIError as exc:
             self._refuse(exc)
         except Exception:
