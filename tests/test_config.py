@@ -474,3 +474,11 @@ def test_sizes_take_t_and_read_every_unit_as_binary() -> None:
     """--max-body 1TiB, the bound its own message named, was refused; 64MB is 64 MiB, as README says."""
     assert config.parse(["--max-body", "1TiB"], {}).max_body == 1024**4
     assert config.parse(["--max-body", "64MB"], {}).max_body == 64 * 1024**2
+
+
+@pytest.mark.hardening("careless operator: --read-rate 1e-400 (0 in a float) turned pacing off")
+@pytest.mark.parametrize("flag", ["--read-rate", "--analytics-cpu"])
+def test_a_number_that_underflows_to_zero_is_no_zero(flag: str) -> None:
+    with pytest.raises(SystemExit):
+        config.parse(["--data-dir", "d", flag, "1e-400"], environ={})
+    assert getattr(config.parse(["--data-dir", "d", flag, "0.0e5"], environ={}), flag[2:].replace("-", "_")) == 0

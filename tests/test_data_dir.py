@@ -417,7 +417,12 @@ def test_forget_refuses_a_data_dir_that_follows_a_cluster(tmp_path: Path) -> Non
         ["backup", "{missing}", "{dest}"],
         ["backup", "{plain}", "{dest}"],
         ["set-key-bounds", "{missing}", "3600", "1000"],
+        ["set-key-bounds", "{plain}", "3600", "1000"],
         ["rebuild-aggregates", "{missing}"],
+        ["rebuild-aggregates", "{plain}"],
+        ["set-journal-mode", "{plain}", "delete"],
+        ["restore-lock", "{plain}"],
+        ["forget", "{plain}", "2014-05-04.csv"],
     ],
 )
 def test_tiny_admin_on_a_mistyped_data_dir_is_refused_and_makes_nothing(tmp_path: Path, command: list[str]) -> None:
@@ -429,9 +434,46 @@ def test_tiny_admin_on_a_mistyped_data_dir_is_refused_and_makes_nothing(tmp_path
     done = subprocess.run(
         [sys.executable, "-m", "tiny.admin", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 1 and "nothing was done" in done.stderr, done.stderr
+    assert done.returncode == 1 and ("nothing was done" in done.stderr or "nothing to forget" in done.stderr), (
+        done.stderr
+    )
     assert not (tmp_path / "no").exists() and not (tmp_path / "dest").exists()
     assert list((tmp_path / "plain").iterdir()) == []
+
+
+@pytest.mark.hardening("careless operator: tiny-admin on a damaged journal said no server had run on it")
+@pytest.mark.parametrize(
+    "command",
+    [["restore-lock"], ["set-journal-mode", "delete"], ["forget", "2014-05-04.csv"], ["set-key-bounds", "60", "1000"]],
+)
+def test_tiny_admin_on_a_damaged_journal_says_it_cannot_be_read(tmp_path: Path, command: list[str]) -> None:
+    data = tmp_path / "data"
+    with Server(data) as server:
+        assert server.ingest(body_of(1)).status == 200
+    (data / ".tiny" / "journal.sqlite3").write_bytes(b"not a database" * 100)
+    done = subprocess.run(
+        [sys.executable, "-m", "tiny.admin", command[0], str(data), *command[1:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "cannot be read" in done.stderr and "no server has run" not in done.stderr, (
+        done.stderr
+    )
+
+
+@pytest.mark.hardening("careless operator: set-journal-mode to wal went through with servers running")
+def test_set_journal_mode_is_refused_while_a_server_runs_on_the_data_dir(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    argv = [sys.executable, "-m", "tiny.admin", "set-journal-mode", str(data), "wal"]
+    with Server(data, "--journal-mode", "delete") as server:
+        assert server.ingest(body_of(1)).status == 200
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and "stop every server first" in done.stderr, done.stderr
+        assert str(server.worker_pid()) in done.stderr
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)  # stopped: now it is done
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.hardening("careless operator: a backup into DATA/bk nested every later backup")
@@ -450,6 +492,38 @@ def test_a_backup_into_its_own_data_dir_is_refused_and_makes_nothing(tmp_path: P
         )
         assert done.returncode == 1 and "is inside the data dir" in done.stderr, done.stderr
     assert sorted(path.name for path in data.iterdir()) == before
+
+
+@needs_root
+@pytest.mark.hardening("careless operator: a start on a full disk blamed the journal and advised --new-journal")
+def test_a_start_on_a_full_disk_says_so_and_keeps_the_journal(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "small", "1m") as small:
+        data = small / "data"
+        with Server(data) as server:
+            assert server.ingest(body_of(1), {"Idempotency-Key": "full-1"}).status == 200
+        (data / ".tiny" / "journal.sqlite3-shm").unlink(missing_ok=True)  # (made again at the next opening)
+        filler = os.open(small / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(filler, b"\0" * 4096):
+                pass
+        except OSError:
+            pass  # ENOSPC: full
+        finally:
+            os.close(filler)
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "app.py"), "--port", "0", "--data-dir", str(data)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=server_env(),
+        )
+        assert done.returncode != 0 and "bytes free" in done.stderr, done.stderr
+        assert "--new-journal" not in done.stderr and "Traceback" not in done.stderr
+        (small / "filler").unlink()
+        with Server(data) as server:  # space back: the same journal, its keys kept
+            answer = server.ingest(body_of(1), {"Idempotency-Key": "full-1"})
+            assert answer.status == 200 and answer.headers.get("idempotent-replayed") == "true"
 
 
 @needs_root
@@ -483,3 +557,23 @@ def test_a_journal_made_over_day_files_already_there_is_said_loudly(tmp_path: Pa
     (data / ".tiny-id").unlink()
     with Server(data) as server:
         assert "WARNING" in server.log() and "created a journal for the 1 day files already in" in server.log()
+
+
+@pytest.mark.hardening("careless operator: /healthz said ok on a worker with no POST while the data dir was moved")
+def test_healthz_finds_the_data_dir_moved_away_without_a_post_and_says_when_it_is_back(tmp_path: Path) -> None:
+    data, moved = tmp_path / "data", tmp_path / "moved"
+    with Server(data) as server:
+        assert server.ingest(body_of(1)).status == 200
+        data.rename(moved)
+        try:
+            answers = [server.request("GET", "/healthz")]
+            deadline = time.monotonic() + 10
+            while answers[-1].status == 200 and time.monotonic() < deadline:
+                time.sleep(0.3)  # the probe runs at most once a second, and only after a second without a flush
+                answers.append(server.request("GET", "/healthz"))
+            assert answers[-1].status == 503 and answers[-1].json()["status"] == "failing", answers[-1].body
+        finally:
+            moved.rename(data)
+        assert wait_for(lambda: server.request("GET", "/healthz").status == 200, timeout=10)
+        assert server.ingest(body_of(2)).status == 200
+    assert "the journal is usable again after a refusal" in server.log()

@@ -72,6 +72,8 @@ def test_a_key_log_that_lost_commits_is_refused(tmp_path: Path) -> None:
     segment.write_bytes(snapshot)
     message = refusal(data)
     assert f"{segment} is {len(snapshot)} bytes" in message and "shorter than the" in message
+    # tiny-admin forget refuses journal files: the way named is a restore (or --new-journal)
+    assert "tiny-admin forget" not in message and "Restore the key log's segment" in message
 
 
 @pytest.mark.hardening("exactly once 10: a deleted journal was silently replaced by an empty one")
@@ -81,7 +83,9 @@ def test_a_key_log_deleted_is_refused(tmp_path: Path) -> None:
     flush(journal, "d.csv", b"1\n", "k1")
     journal.close()
     (data / segment_name(1)).unlink()
-    assert f"{data / segment_name(1)} is 0 bytes, shorter than the" in refusal(data)
+    message = refusal(data)
+    assert f"{data / segment_name(1)} is 0 bytes, shorter than the" in message
+    assert "tiny-admin forget" not in message and "Restore the key log's segment" in message
 
 
 def test_files_shorter_than_the_last_committed_flush_left_them_are_refused(tmp_path: Path) -> None:

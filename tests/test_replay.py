@@ -247,6 +247,28 @@ def test_a_malformed_row_stops_the_run_at_its_line_and_says_how_to_resume(tmp_pa
     assert (tmp_path / "data" / "2014-05-04.csv").read_bytes() == b"".join(rows)
 
 
+@pytest.mark.hardening("careless operator: a CSV without its header lost its first row unsaid")
+def test_a_file_whose_first_line_is_not_the_header_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    rows = sample_csv().splitlines(keepends=True)[1:6]
+    source = tmp_path / "headless.csv"
+    source.write_bytes(b"".join(rows))
+    with Server(tmp_path / "data") as server:
+        done = _run_cli(str(source), "--url", _url(server), "--batch", "2", "--concurrency", "1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "line 1: not the CRAN log header" in done.stdout and "records sent   0 " in done.stdout, done.stdout
+    assert not (tmp_path / "data" / "2014-05-04.csv").exists()
+
+
+def test_a_header_with_crlf_or_without_quotes_is_a_header(tmp_path: Path) -> None:
+    from tiny.replay_batches import file_lines
+
+    header, *rows = sample_csv().splitlines(keepends=True)[:3]
+    for first in (header.replace(b"\n", b"\r\n"), header.replace(b'"', b"")):
+        source = tmp_path / "day.csv"
+        source.write_bytes(first + b"".join(rows))
+        assert [number for number, _ in file_lines(source)] == [2, 3]
+
+
 @pytest.mark.hardening("exactly once: no batch could be retried safely")
 def test_the_same_day_replayed_twice_leaves_one_copy(tmp_path: Path) -> None:
     """Each batch's key comes from the file and its lines: the second run writes nothing."""

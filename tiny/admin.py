@@ -89,7 +89,7 @@ from tiny.config import host_name, max_keys, seconds
 from tiny.files import fsync_dir
 from tiny.flushlock import HOLDER_AT, FlushLock
 from tiny.forgetting import forget
-from tiny.journal_meta import MODES, bounds_text, described, seconds_text, stored_mode
+from tiny.journal_meta import MODES, bounds_text, described, missing_journal, seconds_text, stored_mode
 from tiny.keylog import KEYS_DIR, records, segment_number
 from tiny.refusals import Found
 
@@ -102,8 +102,23 @@ def _existing(data_dir: Path, journal: bool = False) -> None:
     before anything is made in it: a mistyped path is not a data dir to create."""
     if not data_dir.is_dir():
         raise Refused(f"{data_dir} is not a directory: nothing was done")
-    if journal and stored_mode(data_dir) is None:
-        raise Refused(f"{data_dir} has no journal of this version: no server has run on it; nothing was done")
+    missing = missing_journal(data_dir) if journal else None
+    if missing is not None:
+        raise Refused(f"{missing}; nothing was done")
+
+
+def _none_running(data_dir: Path, *, intent: bool = False) -> None:
+    """Refused while a process of this host (that this user can see) holds the data dir's
+    journal or lock file open (``intent``: or its intent file): a server running on it."""
+    files = {layout.journal_path(data_dir), layout.lock_path(data_dir)}
+    if intent:
+        files.add(layout.intent_path(data_dir))
+    running = procfs.holders(files)
+    if running:
+        raise Refused(
+            f"processes {', '.join(map(str, running))} hold the journal of {data_dir} open (servers running on it): "
+            "stop every server first; a worker of theirs that restarted would be refused. Nothing was changed"
+        )
 
 
 def backup(
@@ -263,11 +278,12 @@ def _copy_journal(journal: LocalCommit, target: Path) -> None:
 
 def set_journal_mode(data_dir: Path, mode: str, lock_timeout: float = 30.0) -> str:
     """Switch the data dir's journal to ``mode``; returns the mode it had. Every server on the
-    data dir must be stopped (SQLite refuses to leave WAL mode while another process has the
-    journal open: Refused)."""
-    current = stored_mode(data_dir)
-    if current is None:
-        raise Refused(f"{data_dir} has no journal of this version to change")
+    data dir must be stopped: Refused while a process of this host holds the journal open (and,
+    for one it cannot see, SQLite refuses to leave WAL mode while another process has the journal
+    open; entering it, it does not refuse)."""
+    _existing(data_dir, journal=True)
+    _none_running(data_dir)
+    current = stored_mode(data_dir) or "wal"
     journal = LocalCommit(data_dir, mode=current, lock_timeout=lock_timeout)
     journal.open(keys=False)
     try:
@@ -291,13 +307,8 @@ def set_key_bounds(data_dir: Path, window: float, max_keys: int, lock_timeout: f
     ("none": no server has opened it since it was made). Stop every server on it first: a
     running one goes on with its own bounds until it restarts, when it is refused: Refused when
     a process of this host holds the data dir's journal open (that this user can see)."""
-    _existing(data_dir)
-    running = procfs.holders({layout.journal_path(data_dir), layout.lock_path(data_dir)})
-    if running:
-        raise Refused(
-            f"processes {', '.join(map(str, running))} hold the journal of {data_dir} open (servers running on it): "
-            "stop every server first; a worker of theirs that restarted would be refused. Nothing was changed"
-        )
+    _existing(data_dir, journal=True)  # none: the first server to start records its own flags
+    _none_running(data_dir)
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
     journal.open(keys=False)
     try:
@@ -318,8 +329,11 @@ def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
     """Count the aggregates of ``data_dir`` again from its day files, up to the sizes they had,
     committed, at one instant (noted under the flush lock, after recovery), and raise the
     store's generation; returns the rows. Unavailable when a day file is not a regular file
-    or the store cannot be written (the store is left as it was)."""
+    or the store cannot be written (the store is left as it was). Refused for a directory with
+    neither a journal nor a day file (a mistyped path: no journal is made there)."""
     _existing(data_dir)
+    if missing_journal(data_dir) is not None and not any(layout.day_of(name) for name in os.listdir(data_dir)):
+        raise Refused(f"{data_dir} has neither a journal nor a day file: it is no data dir; nothing was done")
     journal = LocalCommit(data_dir, mode=stored_mode(data_dir) or "wal", lock_timeout=lock_timeout)
     journal.open(keys=False)
     try:
@@ -340,13 +354,7 @@ def rebuild_aggregates(data_dir: Path, lock_timeout: float = 30.0) -> int:
 def restore_lock(data_dir: Path) -> str:
     """Write the data dir's lock file again (see the module docstring); returns the data dir's id."""
     _existing(data_dir, journal=True)
-    state = {layout.journal_path(data_dir), layout.lock_path(data_dir), layout.intent_path(data_dir)}
-    running = procfs.holders(state)
-    if running:
-        raise Refused(
-            f"processes {', '.join(map(str, running))} hold the journal of {data_dir} open (servers running on it): "
-            "stop every server first. Nothing was changed"
-        )
+    _none_running(data_dir, intent=True)
     identity = layout.identity_path(data_dir).read_text().strip()
     db = sqlite3.connect(f"file:{layout.journal_path(data_dir)}?mode=ro", uri=True)
     try:

@@ -259,17 +259,24 @@ def shorter_message(data_dir: Path, name: str, found: int, committed: int) -> st
     """The refusal of a file of ``data_dir`` found ``found`` bytes long (-1: missing) where
     ``committed`` bytes are known committed: what is missing, and the two ways past it."""
     what = "is missing" if found < 0 else f"is {found} bytes"
+    lost = "keys of acknowledged batches are" if name.startswith(layout.STATE_DIR) else "acknowledged rows are"
     return (
         f"{data_dir / name} {what}: {committed - max(found, 0)} bytes shorter than the {committed} that the "
-        f"journal knows were committed to it ({layout.sizes_path(data_dir)}): acknowledged rows are gone (the "
+        f"journal knows were committed to it ({layout.sizes_path(data_dir)}): {lost} gone (the "
         "file cut, replaced or deleted by hand, an older copy restored, or the data dir copied file by file while "
         f"a server wrote to it: `tiny-admin backup` copies a live one). {ways_past(data_dir, name)}"
     )
 
 
 def ways_past(data_dir: Path, name: str) -> str:
-    """What to do about the data file ``name`` found shorter than committed (the refusal's end,
-    before the ``--new-journal`` sentence every Found ends with)."""
+    """What to do about the file ``name`` found shorter than committed (the refusal's end,
+    before the ``--new-journal`` sentence every Found ends with): a data file may be forgotten
+    knowingly; a key log segment (under .tiny/) holds keys, which only a restore keeps."""
+    if name.startswith(layout.STATE_DIR):
+        return (
+            "Restore the key log's segment from a copy (the keys in it are gone: the retry of a batch "
+            "stored under one of them would be written again)"
+        )
     return (
         f"Restore the file; or, if its rows were removed on purpose, run `{forget_command(data_dir, name)}`, "
         "which forgets them and keeps every key (the retry of a batch that was in them is answered replayed)"

@@ -140,6 +140,8 @@ def _decimal(low: float, high: float, what: str, zero: str = "") -> Callable[[st
     def convert(text: str) -> float:
         match = _DECIMAL.fullmatch(text)
         value = float(match.group(1)) if match else math.nan  # "1e999" is inf: out of range
+        if value == 0 and match and match.group(1).lower().partition("e")[0].strip("0."):
+            value = math.nan  # "1e-400" is no zero, though float() makes it one: out of range
         if (zero and value == 0) or low <= value <= high:  # nan is neither
             return value
         also = f", or 0 ({zero})" if zero else ""
@@ -282,7 +284,7 @@ _FLAGS: list[tuple[str, Callable[[str], object], str | None]] = [
     ),
     ("token_file", Path, "a file whose content is the token (a Docker secret's path works)"),
     ("max_backlog", _size, "unwritten bytes per process before /ingest answers 503"),
-    ("idle_timeout", _seconds, "seconds a connection may idle or take to send its headers"),
+    ("idle_timeout", _seconds, "seconds a connection may idle, take to send its headers, or leave an answer untaken"),
     ("body_timeout", _seconds, "seconds a client may take to send a request body"),
     ("drain_timeout", _seconds, "seconds SIGTERM waits for requests in flight before exiting"),
     ("max_days", _max_days, "distinct days one request may hold; records of further days are invalid"),

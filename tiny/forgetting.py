@@ -15,7 +15,7 @@ from tiny.commit import Refused
 from tiny.commit.local import LocalCommit
 from tiny.committed_sizes import SizeTable
 from tiny.files import size_of
-from tiny.journal_meta import stored_mode
+from tiny.journal_meta import missing_journal, stored_mode
 
 
 def forget(data_dir: Path, files: Sequence[str], remove: bool = False, lock_timeout: float = 30.0) -> list[str]:
@@ -23,9 +23,10 @@ def forget(data_dir: Path, files: Sequence[str], remove: bool = False, lock_time
     the module docstring); returns one line per file saying what was done. Refused, with
     nothing changed, when a name is not a data file, a file is whole and ``remove`` is not
     given, or a missing file has nothing committed to it; CommitError when the journal is."""
-    mode = stored_mode(data_dir)
-    if mode is None:
-        raise Refused(f"{data_dir} has no journal of this version: there is nothing to forget")
+    missing = missing_journal(data_dir)
+    if missing is not None:
+        raise Refused(f"{missing}: there is nothing to forget")
+    mode = stored_mode(data_dir) or "wal"
     names = list(dict.fromkeys(_data_file(data_dir, given) for given in files))
     journal = LocalCommit(data_dir, mode=mode, lock_timeout=lock_timeout)
     journal.open(check_sizes=False, keys=False)  # every other check holds

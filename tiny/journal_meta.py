@@ -27,6 +27,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tiny import layout
+from tiny.commit.errors import Refused
 from tiny.refusals import Found
 from tiny.transaction import immediate
 
@@ -85,6 +86,10 @@ class JournalMeta:
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 return {}
+            if getattr(exc, "sqlite_errorname", "").startswith(_NOT_THE_FILES):
+                # The disk, a permission, another process: nothing a fresh journal would mend
+                # (--new-journal moved .tiny aside and failed the same way, its keys forgotten).
+                raise Refused(f"the journal {self.path} cannot be opened: {exc}{_room(self.path)}") from None
             raise Found(f"the journal {self.path} cannot be read: {exc}") from None
         except sqlite3.DatabaseError as exc:
             raise Found(f"the journal {self.path} is damaged: {exc}") from None
@@ -168,6 +173,47 @@ def stored_mode(data_dir: Path) -> str | None:
     except sqlite3.Error:
         return None
     return bytes(row[0]).decode() if row else None
+
+
+# SQLite's errors that say the journal could not be opened or written now, not that it is damaged.
+_NOT_THE_FILES = (
+    "SQLITE_IOERR",
+    "SQLITE_FULL",
+    "SQLITE_CANTOPEN",
+    "SQLITE_READONLY",
+    "SQLITE_BUSY",
+    "SQLITE_NOMEM",
+    "SQLITE_PERM",
+)
+_LOW_ROOM = 1024**2  # bytes free below which a failed opening is said to be the disk's
+
+
+def _room(path: Path) -> str:
+    """What to add to a failed opening's message when the file system holding ``path`` is full."""
+    try:
+        room = os.statvfs(path.parent)
+    except OSError:
+        return ""
+    free = room.f_bavail * room.f_frsize
+    if free >= _LOW_ROOM:
+        return ""
+    return (
+        f"; the file system holding it has {free:,} bytes free: free some space, then start again (the journal is kept)"
+    )
+
+
+def missing_journal(data_dir: Path) -> str | None:
+    """Why ``data_dir`` has no journal an operator's command can use (none at all, or one that
+    cannot be read), or None when :func:`stored_mode` reads one."""
+    if stored_mode(data_dir) is not None:
+        return None
+    path = layout.journal_path(data_dir)
+    if path.exists():
+        return (
+            f"the journal {path} cannot be read (damaged, or of an earlier version: a server of this version "
+            "says which when it starts)"
+        )
+    return f"{data_dir} has no journal of this version: no server has run on it"
 
 
 def _connect(path: Path, create: bool) -> sqlite3.Connection:

@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 
 from tiny.cranlog import open_log, parse_row
+from tiny.layout import COLUMNS
 
 
 class MalformedRow(ValueError):
@@ -29,11 +30,15 @@ class MalformedRow(ValueError):
 
 def file_lines(path: Path, start_line: int = 2) -> Iterator[tuple[int, bytes]]:
     """``(line number, NDJSON line)`` of each record of a CRAN log file from ``start_line`` on
-    (line 1 is the header); MalformedRow, raised when it is reached, for a row that is not one."""
+    (line 1 is the header); MalformedRow, raised when it is reached, for a row that is not one,
+    and for a first line that is not the header (a file cut from the middle of a day's would
+    otherwise lose its first row unsaid)."""
     number = 0
     with open_log(path) as handle:
         try:
             for number, text in enumerate(handle, 1):
+                if number == 1 and _columns(text) != COLUMNS:
+                    raise MalformedRow(1, f"not the CRAN log header ({', '.join(COLUMNS)}): give the file its header")
                 if number < max(start_line, 2):
                     continue
                 try:
@@ -43,6 +48,11 @@ def file_lines(path: Path, start_line: int = 2) -> Iterator[tuple[int, bytes]]:
                 yield number, orjson.dumps(record) + b"\n"
         except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as exc:  # while reading line number + 1
             raise MalformedRow(number + 1, f"unreadable: {exc}") from None
+
+
+def _columns(line: str) -> tuple[str, ...]:
+    """The column names of a header line, its quotes and line end dropped."""
+    return tuple(name.strip().strip('"') for name in line.rstrip("\r\n").split(","))
 
 
 @dataclass(frozen=True)

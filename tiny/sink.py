@@ -138,6 +138,7 @@ class DailyFileSink:
         self._flushing: asyncio.Task[None] | None = None
         self._open_tried = -_REOPEN_SECONDS
         self._probed = -_REOPEN_SECONDS
+        self._flushed = -_REOPEN_SECONDS  # when the last flush (or probe) ended
         self._give_up_at = float("inf")  # time.monotonic() past which no flush waits (the stop)
         self._closed = False  # close() has written the last flush: appends are refused
         self._closed_ok = True  # what close() returned
@@ -189,6 +190,11 @@ class DailyFileSink:
             self.fault = str(exc)
             log.error("%s", exc)
             raise
+        if self.fault is not None:  # said out loud: the files taken may be a copy put back
+            log.warning(
+                "the journal is usable again after a refusal; writes go on in the data dir as it is now (a copy "
+                "restored from a backup lacks the batches acknowledged after it: a retry of one is written again)"
+            )
         self.fault = None
 
     async def committed_sizes(self, days: list[str]) -> dict[str, int]:
@@ -243,15 +249,20 @@ class DailyFileSink:
         return waiter
 
     def probe(self) -> None:
-        """If the last flush failed and none is under way, try the write path once more,
-        writing nothing (the commit point opened, the way in taken, recovery run), at most
-        once a second: a fault that went away is then cleared without waiting for a request.
-        After the disk refused a flush, the fault stays until the commit point finds room for
-        that flush's bytes (at most _PROBE_ROOM) and its files open for appending (its
-        ``writable``), or a flush succeeds: a write that writes nothing proves nothing of a disk."""
+        """If no flush is under way, try the write path, writing nothing (the commit point
+        opened, the way in taken with its checks of the data dir's files, recovery run), at
+        most once a second: when the last flush failed, so that a fault that went away is
+        cleared without waiting for a request; and when no flush has run for a second, so that
+        a data dir moved or replaced since is found without one either (a worker that had no
+        request said ok while the others' writes got 503). After the disk refused a flush, the
+        fault stays until the commit point finds room for that flush's bytes (at most
+        _PROBE_ROOM) and its files open for appending (its ``writable``), or a flush succeeds:
+        a write that writes nothing proves nothing of a disk."""
         now = time.monotonic()
-        if self._closed or self.fault is None or self._flushing is not None or now - self._probed < _REOPEN_SECONDS:
+        if self._closed or self._flushing is not None or now - self._probed < _REOPEN_SECONDS:
             return
+        if self.fault is None and now - self._flushed < _REOPEN_SECONDS:
+            return  # a flush just took the way in, with the same checks
         self._probed = now
         self._flushing = asyncio.get_running_loop().create_task(self._flush_loop(probe=True))
 
@@ -276,6 +287,7 @@ class DailyFileSink:
                         break
         finally:
             self._flushing = None
+            self._flushed = time.monotonic()
 
     async def _probe(self) -> None:
         refused = self._refused

@@ -120,11 +120,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, func: Callable[..., None], *args
         loop.call_soon_threadsafe(func, *args)
 
 
-def _log_failure(done: asyncio.Future[Any]) -> None:
-    if not done.cancelled() and (error := done.exception()) is not None:
-        log.warning("the analytics pool's start-up job failed: %s", error)
-
-
 def stat_day(data_dir: Path, date: str) -> DayFile:
     """The current version of ``data_dir/<date>.csv``; DayNotFound if there is none,
     tiny.regular_files.NotARegularFile if it is a FIFO, a device... (its rows are never read)."""
@@ -264,9 +259,14 @@ class Analytics:
         try:
             pool = self._executor(ANSWERS)
             for _ in range(self.processes):
-                self._submit(pool, ANSWERS, "its start-up", warm).add_done_callback(_log_failure)
+                self._submit(pool, ANSWERS, "its start-up", warm).add_done_callback(self._log_failure)
         except (Busy, BrokenProcessPool, RuntimeError) as exc:
             log.warning("the analytics pool (%s) did not start: %s", ANSWERS, exc)
+
+    def _log_failure(self, done: asyncio.Future[Any]) -> None:
+        """A start-up job's failure, said unless the pool was stopped under it (a stop's kill)."""
+        if not done.cancelled() and (error := done.exception()) is not None and not self._closed:
+            log.warning("the analytics pool's start-up job failed: %s", error)
 
     def close(self) -> None:
         """Stop the pool, if it started: queued work is cancelled, running work is killed.

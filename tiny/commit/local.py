@@ -41,7 +41,7 @@ import resource
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +62,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("tiny.commit.local")
 
 _WAIT_REPORTED_AFTER = 1.0  # seconds of waiting for (or another's holding of) the lock before it is reported
+
+
+def _nowhere(point: str) -> None:
+    """No crash point (a flush that writes nothing)."""
 
 
 def _described(exc: OSError | sqlite3.Error) -> str:
@@ -287,26 +291,32 @@ class LocalCommit:
                 for name, data in append.chunks.items():
                     files.setdefault(name, []).append(data)
         flush = self.appender.flush()
+        # A flush that writes nothing (a /healthz probe's, a replay's) is no crash test's flush.
+        reach = self.crash.reach if files else _nowhere
         try:
-            self._write_and_commit(flush, files, kept)
+            self._write_and_commit(flush, files, kept, reach)
             try:
                 self.keys.commit(next((span.size_before for _, span in flush.opened if span.name == logged), None))
             except OSError as exc:  # committed all the same: the next flush reads the log on from here
                 log.error("could not read a committed flush's keys back (the next flush will): %s", exc)
-            self.crash.reach("after-finish")
+            reach("after-finish")
         finally:
             flush.close()
         return Receipt(decisions)
 
     def _write_and_commit(
-        self, flush: FileFlush, files: dict[str, list[bytes]], kept: dict[str, tuple[int, int]]
+        self,
+        flush: FileFlush,
+        files: dict[str, list[bytes]],
+        kept: dict[str, tuple[int, int]],
+        reach: Callable[[str], None],
     ) -> None:
         """The intent, the files and the key log, the check before the commit point, the mark."""
         try:
-            flush.write(files, crash=self.crash.reach, kept=kept)
-            self.crash.reach("after-writes")
+            flush.write(files, crash=reach, kept=kept)
+            reach("after-writes")
             flush.confirm()
-            self.crash.reach("after-commit")  # confirmed, the key log written: not committed until the mark
+            reach("after-commit")  # confirmed, the key log written: not committed until the mark
             flush.finish()  # the commit point of every flush
         except LockLost:
             # Another writer may hold the data dir's lock now and may have written after these
