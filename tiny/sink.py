@@ -127,8 +127,12 @@ class DailyFileSink:
         max_backlog: int = limits.MAX_BACKLOG,
         max_files: int = 32,
         on_flush: Callable[[float, int, bool], None] | None = None,
+        idle_probes: bool = True,
     ) -> None:
         self.commit_point = commit_point
+        # /healthz's probe of a way in no flush took for a second (one host's data dir; not
+        # cluster mode's primary, which a host for reads never writes to: its follower says)
+        self.idle_probes = idle_probes
         self.max_backlog = max_backlog
         self.max_files = max_files
         self._on_flush = on_flush
@@ -254,14 +258,15 @@ class DailyFileSink:
         most once a second: when the last flush failed, so that a fault that went away is
         cleared without waiting for a request; and when no flush has run for a second, so that
         a data dir moved or replaced since is found without one either (a worker that had no
-        request said ok while the others' writes got 503). After the disk refused a flush, the
+        request said ok while the others' writes got 503; ``idle_probes``: one host only).
+        After the disk refused a flush, the
         fault stays until the commit point finds room for that flush's bytes (at most
         _PROBE_ROOM) and its files open for appending (its ``writable``), or a flush succeeds:
         a write that writes nothing proves nothing of a disk."""
         now = time.monotonic()
         if self._closed or self._flushing is not None or now - self._probed < _REOPEN_SECONDS:
             return
-        if self.fault is None and now - self._flushed < _REOPEN_SECONDS:
+        if self.fault is None and (not self.idle_probes or now - self._flushed < _REOPEN_SECONDS):
             return  # a flush just took the way in, with the same checks
         self._probed = now
         self._flushing = asyncio.get_running_loop().create_task(self._flush_loop(probe=True))

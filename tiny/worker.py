@@ -114,6 +114,7 @@ def _sink(config: Config, metrics: Metrics) -> DailyFileSink:
         max_backlog=config.max_backlog,
         max_files=descriptors.sink_files(config),
         on_flush=on_flush,
+        idle_probes=not config.cluster,
     )
     return sink
 
