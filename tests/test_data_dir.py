@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -572,8 +573,29 @@ def test_healthz_finds_the_data_dir_moved_away_without_a_post_and_says_when_it_i
                 time.sleep(0.3)  # the probe runs at most once a second, and only after a second without a flush
                 answers.append(server.request("GET", "/healthz"))
             assert answers[-1].status == 503 and answers[-1].json()["status"] == "failing", answers[-1].body
+            time.sleep(1.5)  # more probes: none makes the data dir again at its old path
+            assert server.request("GET", "/healthz").status == 503
+            assert not data.exists()
         finally:
             moved.rename(data)
         assert wait_for(lambda: server.request("GET", "/healthz").status == 200, timeout=10)
         assert server.ingest(body_of(2)).status == 200
     assert "the journal is usable again after a refusal" in server.log()
+
+
+@pytest.mark.hardening("outside review: the idle probe logged an error every 5 s while another process held the lock")
+def test_an_idle_server_whose_lock_another_holds_logs_no_error_from_its_probes(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with Server(data) as server:
+        assert server.ingest(body_of(1)).status == 200
+        with open(layout.lock_path(data), "ab") as holder:
+            fcntl.flock(holder, fcntl.LOCK_EX)  # another process's flush, held 3 s
+            answers = []
+            for _ in range(10):
+                answers.append(server.request("GET", "/healthz"))
+                time.sleep(0.3)
+            fcntl.flock(holder, fcntl.LOCK_UN)
+        assert all(answer.status in (200, 503) for answer in answers)  # each at once: the probe waits 0.2 s at most
+        assert server.ingest(body_of(2)).status == 200  # the sink's thread was never held by a probe
+        assert wait_for(lambda: server.request("GET", "/healthz").status == 200, timeout=10)
+    assert "ERROR" not in server.log(), server.log()[-2000:]

@@ -4,6 +4,8 @@ are of the source they say, what they change of Tornado's behaviour holds, and e
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import http.client
 import inspect
@@ -648,29 +650,85 @@ def test_every_answer_of_ingest_is_the_same_byte_for_byte_whichever_parser_read_
     assert took == {"fast": {"fast": len(_SAME)}, "tornado": {"tornado": len(_SAME)}}
 
 
-def test_an_answer_its_client_does_not_take_is_dropped_after_the_idle_timeout(tmp_path: Path) -> None:
-    """A client that sends a request and never reads held its answer's megabytes for as long as
-    it liked: the answer is dropped and the connection closed once the idle timeout passes."""
-    path = b"/downloads/daily/2014-01-01:2014-12-31/" + b",".join(b"p%03d" % n for n in range(270))
-    request = b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path
+_BIG = b"/downloads/daily/2014-01-01:2014-12-31/" + b",".join(b"p%03d" % n for n in range(270))  # 3.5 MB
+
+
+def _counted(server: InProcessServer) -> None:
+    """The big answer is ready (the store counts the empty data dir first: 503)."""
+    assert wait_for(lambda: server.request("GET", _BIG.decode()).status == 200, timeout=30)
+
+
+def _slow_reader(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel holds little of the answer
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % _BIG)
+    return sock
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    received = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):  # what the kernel holds, then the close (a timeout fails)
+            received += chunk
+    return received
+
+
+def _declared(answer: bytes) -> tuple[int, bytes]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), answer[:200]
+    return int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]), body
+
+
+@pytest.mark.hardening("hostile client: a client that never read its answer held its megabytes for ever")
+def test_an_answer_its_client_takes_nothing_of_is_dropped_after_the_idle_timeout(tmp_path: Path) -> None:
     with InProcessServer(tmp_path / "data", "--idle-timeout", "1") as server:
-        for _ in range(100):  # the store counts the empty data dir first (503)
-            if server.request("GET", path.decode()).status == 200:
-                break
-            time.sleep(0.1)
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.connect(("127.0.0.1", server.port))
-            sock.sendall(request)
-            time.sleep(4)  # not reading: past the timeout, and the sweep after it
+        _counted(server)
+        with _slow_reader(server.port) as sock:
+            http = server._server  # the answer is pending in the server, not all in the kernel
+            assert wait_for(lambda: http.sending, timeout=10)
+            time.sleep(3)  # taking nothing: past the timeout, and the sweep after it
+            received = _read_until_closed(sock)
+    length, body = _declared(received)
+    assert len(body) < length  # dropped part-way, and the connection closed
+
+
+@pytest.mark.hardening("outside review: the write timeout cut a client that was reading its answer slowly")
+def test_a_client_that_reads_its_answer_slowly_is_never_cut(tmp_path: Path) -> None:
+    """8 KiB every 10 ms through a small window: the answer takes seconds against an idle
+    timeout of 0.5 s. Whether the server or the kernel holds the rest (the kernel takes
+    megabytes), the client takes some between any two sweeps: neither the write timeout nor the
+    wait for the next request's head (which begins once the kernel has the whole answer) cuts
+    it. (The head's wait had dropped what the kernel held: 2,807,601 of 3,468,961 bytes came.)"""
+    with InProcessServer(tmp_path / "data", "--idle-timeout", "0.5") as server:
+        _counted(server)
+        with _slow_reader(server.port) as sock:
+            received, started = b"", time.monotonic()
             sock.settimeout(10)
-            received = b""
-            try:
-                while chunk := sock.recv(65536):  # what the kernel holds, then the close (a timeout fails)
-                    received += chunk
-            except ConnectionResetError:
-                pass
-    head, _, body = received.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200 "), received[:200]
-    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-    assert length > 1_000_000 and len(body) < length  # the answer was big, and dropped part-way
+            while chunk := sock.recv(8192):
+                received += chunk
+                if b"\r\n\r\n" in received and len(_declared(received)[1]) >= _declared(received)[0]:
+                    break
+                time.sleep(0.01)
+            took = time.monotonic() - started
+    length, body = _declared(received)
+    assert len(body) == length
+    assert took > 1.5  # (the precondition: read over three times the idle timeout)
+
+
+def test_bytes_written_is_the_count_of_bytes_the_kernel_took() -> None:
+    """The private count the write timeout reads (tiny.connection's table): held to its meaning."""
+    from tornado import iostream
+
+    async def write() -> tuple[int, int]:
+        ours, theirs = socket.socketpair()
+        stream = iostream.IOStream(ours)
+        before = connection.bytes_written(stream)
+        await stream.write(b"x" * 1000)
+        after = connection.bytes_written(stream)
+        stream.close()
+        theirs.close()
+        return before, after
+
+    assert asyncio.run(write()) == (0, 1000)

@@ -259,11 +259,11 @@ def test_a_file_whose_first_line_is_not_the_header_is_refused_before_anything_is
     assert not (tmp_path / "data" / "2014-05-04.csv").exists()
 
 
-def test_a_header_with_crlf_or_without_quotes_is_a_header(tmp_path: Path) -> None:
+def test_a_header_with_crlf_without_quotes_or_after_a_byte_order_mark_is_a_header(tmp_path: Path) -> None:
     from tiny.replay_batches import file_lines
 
     header, *rows = sample_csv().splitlines(keepends=True)[:3]
-    for first in (header.replace(b"\n", b"\r\n"), header.replace(b'"', b"")):
+    for first in (header.replace(b"\n", b"\r\n"), header.replace(b'"', b""), b"\xef\xbb\xbf" + header):
         source = tmp_path / "day.csv"
         source.write_bytes(first + b"".join(rows))
         assert [number for number, _ in file_lines(source)] == [2, 3]

@@ -32,6 +32,11 @@ Tornado's private names this module uses, each for what it buys (BENCHMARKS.md, 
                                                       after a close. Gain: the fast way's.
 ``HTTP1Connection._read_chunked_body``                overridden: chunk extensions and trailers
                                                       (a behaviour; Tornado has no public seam).
+``IOStream._total_write_done_index``                read by :func:`bytes_written`: the bytes of
+                                                      answers the kernel took so far, so the write
+                                                      timeout (tiny.httpserver) cuts a client that
+                                                      takes nothing, never one that reads slowly.
+                                                      Gain: a bound on memory held for clients.
 ``IOStream._read_buffer``, ``_read_buffer_size``,     read and written by :func:`unread`: a head
 ``_user_read_buffer``                                 the fast way does not take goes back into the
                                                       stream for Tornado's parser. Gain: the fast
@@ -48,7 +53,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import struct
+import termios
 from typing import TYPE_CHECKING, Any, Protocol
 
 import tornado
@@ -59,7 +67,8 @@ if tornado.version not in CHECKED_TORNADO:
     raise ImportError(
         f"tiny.connection overrides Tornado {', '.join(CHECKED_TORNADO)}'s HTTP1ServerConnection._server_request_loop "
         "(a changed copy) and HTTP1Connection._read_chunked_body, and writes IOStream's _read_buffer, "
-        f"_read_buffer_size and reads _user_read_buffer; Tornado {tornado.version} is installed: compare them with "
+        "_read_buffer_size and reads _user_read_buffer and _total_write_done_index; "
+        f"Tornado {tornado.version} is installed: compare them with "
         "its source, then add it to CHECKED_TORNADO (or install tornado==6.6.1, the pinned version)"
     )
 
@@ -407,3 +416,21 @@ def unread(stream: iostream.IOStream, data: bytes) -> None:
     assert not stream._user_read_buffer  # type: ignore[attr-defined]
     stream._read_buffer[:0] = data  # type: ignore[attr-defined]
     stream._read_buffer_size += len(data)  # type: ignore[attr-defined]
+
+
+def bytes_written(stream: iostream.IOStream) -> int:
+    """The bytes the stream has handed to the kernel so far (IOStream's private count: see the
+    table above)."""
+    return stream._total_write_done_index  # type: ignore[attr-defined,no-any-return]
+
+
+def unsent(stream: iostream.IOStream) -> int:
+    """The bytes written to the stream's socket that its peer has not yet taken (the kernel's
+    send queue, SIOCOUTQ); 0 when the socket is gone or cannot say."""
+    sock = stream.socket
+    if sock is None:
+        return 0
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0])
+    except (OSError, ValueError):
+        return 0

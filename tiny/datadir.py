@@ -79,6 +79,10 @@ def open_journal(
     which the journal's must equal (:func:`pin_key_bounds`). The caller closes the pieces on any
     failure."""
     state = layout.state_dir(lock.data_dir)
+    if known_id is not None and not state.is_dir():
+        # A reopening (after a refusal; a /healthz probe's, too) makes nothing: a data dir moved
+        # away would be made again empty at its old path, and the move back would land inside it.
+        raise Found(f"the data dir {lock.data_dir} (its journal's folder {state}) is gone: moved or deleted")
     try:
         state.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

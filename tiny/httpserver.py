@@ -23,7 +23,8 @@ one, needs:
   between the timeout and half a second after it. The body timeout of a request on the fast
   way is the same sweep over the connections whose body is still to come; Tornado's timer is
   set per request for the others. The same sweep closes a connection whose answer its client
-  has not taken within the header timeout (Tornado has no write timeout).
+  has not taken a byte of within the header timeout (Tornado has no write timeout), and counts
+  a connection idle only once its client has taken the whole answer from the kernel.
 - **TCP_NODELAY on for the connection's life**, as nginx's ``tcp_nodelay`` keeps it on
   kept-alive connections: answers are written whole, so Nagle's algorithm would only hold back
   the last packet of a streamed one.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -47,7 +49,7 @@ from tornado.httpserver import HTTPServer
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from tiny.bodybuffers import BODY_PIECE, WholeBuffers
-from tiny.connection import IngestDelegate, ServerConnection, TornadoConnection
+from tiny.connection import IngestDelegate, ServerConnection, TornadoConnection, bytes_written, unsent
 from tiny.protocol import (
     answer_head,
     clipped,
@@ -144,7 +146,9 @@ class TinyHTTPServer(HTTPServer):
         # The fast way's body timeout, the same way: the connections whose body is still to
         # come, in the order they began to read it.
         self.reading: dict[ServerConnection, float] = {}
-        self.sending: dict[ServerConnection, float] = {}  # answers still pending, since when (the sweep's)
+        # answers still pending: since when no byte of them was taken (the sweep's), and the bytes taken then
+        self.sending: dict[ServerConnection, tuple[float, int]] = {}
+        self._kernel_held: dict[ServerConnection, int] = {}  # an answer's bytes the kernel held at the last look
         self.connections: set[ServerConnection] = set()
         self._listening: dict[socket.socket, Callable[[], None]] = {}  # each socket's accept loop's stop
         self._sweeper: PeriodicCallback | None = None
@@ -238,6 +242,7 @@ class TinyHTTPServer(HTTPServer):
         self.connections.discard(server_conn)
         self.waiting.pop(server_conn, None)
         self.sending.pop(server_conn, None)
+        self._kernel_held.pop(server_conn, None)
         self._count()
 
     async def close_all_connections(self) -> None:
@@ -259,23 +264,47 @@ class TinyHTTPServer(HTTPServer):
                 if since > now - timeout:
                     break
                 del waits[conn]
+                if waits is self.waiting and self._still_taking(conn):
+                    waits[conn] = now  # not idle: its client still takes the last answer from the kernel
+                    continue
                 conn.timed_out = True
                 conn.stream.close()
         if self.header_timeout is None:
             return
         # Every open connection, twice a second (a method call each: 10,000 connections cost
-        # about a millisecond); a write seen pending in one sweep and still in a later one past
-        # the timeout (the kernel's send buffer full all along) is closed.
+        # about a millisecond; an ioctl more for each whose answer is pending); an answer
+        # pending with no byte of it taken by the client (the kernel's send queue is counted:
+        # with megabytes of it, the server writes again only once a third is free) for longer
+        # than the timeout is dropped, as nginx's send_timeout does: a slow reader that keeps
+        # reading is never cut.
         sending, since_before = self.sending, now - self.header_timeout
         for conn in list(self.connections):
-            if not conn.stream.writing():
+            stream = conn.stream
+            if not stream.writing():
                 sending.pop(conn, None)
-            elif sending.setdefault(conn, now) <= since_before:
+                continue
+            taken = bytes_written(stream) - unsent(stream)  # by the client (the kernel may hold megabytes)
+            seen = sending.get(conn)
+            if seen is None or seen[1] != taken:
+                sending[conn] = (now, taken)
+            elif seen[0] <= since_before:
                 del sending[conn]
                 self._untaken.log(
                     logging.INFO, "closed a connection whose client took no answer for %.0f s", self.header_timeout
                 )
                 conn.stream.close()
+
+    def _still_taking(self, conn: ServerConnection) -> bool:
+        """Whether the kernel still holds bytes of ``conn``'s last answer and its client took
+        some since the last look (one ioctl, only for a connection past its idle timeout): the
+        wait for the next request's head began when the answer was handed to the kernel, and a
+        close then would drop what the kernel holds (up to its send buffer, megabytes)."""
+        queued = unsent(conn.stream)
+        if queued and self._kernel_held.get(conn) != queued:
+            self._kernel_held[conn] = queued
+            return True
+        self._kernel_held.pop(conn, None)
+        return False
 
     def _count(self) -> None:
         if self._on_connections is not None:
@@ -324,6 +353,9 @@ class _Route(httputil.HTTPMessageDelegate):
             if ingest is not None:
                 self._chosen = ingest
                 return ingest.headers_received(start_line, headers)
+        declared = headers.get("Content-Length")
+        if declared is not None and "," in declared and len(set(re.split(r",[ \t]*", declared))) == 1:
+            headers["Content-Length"] = declared.split(",")[0]  # the same length twice: Tornado's rule takes it
         too_many = header_limit_refusal(headers)  # (the /ingest delegate answers its own, counted)
         framing = (431, too_many) if too_many is not None else framing_refusal(headers, connection.body_limit)
         if framing is not None:
@@ -377,7 +409,10 @@ def _origin_form(start_line: httputil.RequestStartLine) -> httputil.RequestStart
     target = start_line.path
     if target.startswith("/") or "://" not in target:
         return start_line
-    parts = urlsplit(target)
+    try:
+        parts = urlsplit(target)
+    except ValueError:  # a bracket unclosed ("http://[::1/"): no URL, so no such path (404)
+        return start_line
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
         return start_line
     return start_line._replace(path=urlunsplit(("", "", parts.path or "/", parts.query, "")))

@@ -51,8 +51,8 @@ def file_lines(path: Path, start_line: int = 2) -> Iterator[tuple[int, bytes]]:
 
 
 def _columns(line: str) -> tuple[str, ...]:
-    """The column names of a header line, its quotes and line end dropped."""
-    return tuple(name.strip().strip('"') for name in line.rstrip("\r\n").split(","))
+    """The column names of a header line, its quotes, line end and byte order mark dropped."""
+    return tuple(name.strip().strip('"') for name in line.lstrip("\ufeff").rstrip("\r\n").split(","))
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ log = logging.getLogger("tiny.sink")
 
 MAX_FLUSH_APPENDS = limits.MAX_FLUSH_APPENDS  # appends (so keys) in one flush: bounds its transaction and expiry
 _REOPEN_SECONDS = 1.0  # a commit point that failed to open is tried again at most this often
+_PROBE_WAIT = 0.2  # seconds a /healthz probe waits for the way in (the flush lock)
 _STOPPING = "the server is stopping"
 _PROBE_ROOM = 1 << 20  # a probe after the disk refused a flush asks room for its bytes, at most this many
 _DEADLINE_SLACK = 0.05  # an append this close to its wait bound fails with the flush that timed out
@@ -191,8 +192,9 @@ class DailyFileSink:
         try:
             self.commit_point.open()
         except CommitError as exc:
+            if str(exc) != self.fault:  # (tried again once a second: said once)
+                log.error("%s", exc)
             self.fault = str(exc)
-            log.error("%s", exc)
             raise
         if self.fault is not None:  # said out loud: the files taken may be a copy put back
             log.warning(
@@ -321,14 +323,18 @@ class DailyFileSink:
         try:
             receipt = await asyncio.get_running_loop().run_in_executor(self._executor, self._write_group, group)
         except Unavailable as exc:
+            if not group:  # a probe found the lock busy: it proves nothing either way (trouble() says past 1 s)
+                return []
             late = time.monotonic() + _DEADLINE_SLACK
             if late >= self._give_up_at:  # stopping: no wait goes on
                 late = float("inf")
             left = [append for append in group if append.deadline > late]
-            log.error("flush of %d bytes (%d appends) refused: %s", size, len(group) - len(left), exc)
+            if group or str(exc) != self.fault:  # (a probe says a fault once, not once a second)
+                log.error("flush of %d bytes (%d appends) refused: %s", size, len(group) - len(left), exc)
             self._fail([append for append in group if append.deadline <= late], exc)
         except WriteFailed as exc:
-            log.error("flush of %d bytes (%d appends) failed: %s", size, len(group), exc)
+            if group or str(exc) != self.fault:
+                log.error("flush of %d bytes (%d appends) failed: %s", size, len(group), exc)
             self.fault = str(exc)
             self._refused = (sorted({name for append in group for name in append.chunks}), size, str(exc))
             if len(group) == 1:
@@ -336,7 +342,8 @@ class DailyFileSink:
             else:
                 left = None
         except CommitError as exc:  # the data dir (or cluster) as a whole: retrying each would not help
-            log.error("flush of %d bytes (%d appends) refused: %s", size, len(group), exc)
+            if group or str(exc) != self.fault:
+                log.error("flush of %d bytes (%d appends) refused: %s", size, len(group), exc)
             self._fail(group, exc)
         else:
             self.fault, ok = None, True
@@ -372,9 +379,8 @@ class DailyFileSink:
                 self._open_on_thread()
             # Each append waits at most its bound from when it was queued, whatever waited before
             # it (an earlier group, a /healthz probe, a committed-sizes read).
-            deadline = min(
-                (append.deadline for append in group), default=time.monotonic() + self.commit_point.wait_bound
-            )
+            # (a probe, with no append, waits a moment only: it must not hold the sink's thread)
+            deadline = min((append.deadline for append in group), default=time.monotonic() + _PROBE_WAIT)
             try:
                 return self.commit_point.commit(group, deadline)
             except Unavailable:

@@ -31,8 +31,10 @@ READ_ONLY = "this host serves reads only (--role read): send /ingest to an inges
 
 
 class ClientGone(Exception):
-    """The client's connection closed before its batch was written: nothing of it is kept, and
-    no answer can reach it (its retry is processed afresh)."""
+    """The client's connection was found closed before its batch was written (IOStream read its
+    close with the request): nothing of it is kept, and no answer can reach it (its retry is
+    processed afresh). A reset while the batch is written is seen only when its answer is: the
+    batch is then written and unanswered, as any request in flight when a connection drops."""
 
 
 def _connected() -> bool:
